@@ -1,0 +1,225 @@
+"""The run model every part of klwatch shares.
+
+Data flows one way: a source reader yields ``Segment``s (one per process, tracker run or event
+file); stitching groups them into a ``Lineage`` (one training run) and infers its ``Boundary``s;
+detectors turn each boundary into a ``BoundaryVerdict``; reports render a ``LineageResult``.
+Nothing downstream reaches back into a reader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+SegmentKind = Literal["wandb-offline", "wandb-api", "mlflow", "tensorboard", "table", "checkpoints"]
+Evidence = Literal[
+    "new_tracker_run",
+    "new_event_file",
+    "step_rewind",
+    "duplicate_steps",
+    "time_gap",
+    "runtime_reset",
+    "checkpoint",
+    "declared",
+]
+Verdict = Literal["reference_reset", "ok", "intentional", "inconclusive"]
+Status = Literal[
+    "reference_reset", "ok", "intentional", "no_kl_metric", "kl_disabled", "insufficient_data", "error"
+]
+
+
+@dataclass
+class Series:
+    """One logged scalar, in the order it was logged (not sorted: a rewind shows as steps going back).
+
+    ``wall_times`` are seconds since the epoch, or None when the source has no clock.
+    """
+
+    steps: np.ndarray
+    values: np.ndarray
+    wall_times: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.steps = np.asarray(self.steps, dtype=np.int64)
+        self.values = np.asarray(self.values, dtype=np.float64)
+        if self.wall_times is not None:
+            self.wall_times = np.asarray(self.wall_times, dtype=np.float64)
+            if len(self.wall_times) != len(self.steps):
+                raise ValueError("wall_times and steps differ in length")
+        if len(self.values) != len(self.steps):
+            raise ValueError("values and steps differ in length")
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def take(self, index: np.ndarray | slice) -> "Series":
+        """A sub-series (index array or slice), keeping the clock when there is one."""
+        wt = None if self.wall_times is None else self.wall_times[index]
+        return Series(self.steps[index], self.values[index], wt)
+
+    @staticmethod
+    def concat(parts: list["Series"]) -> "Series":
+        if not parts:
+            return Series(np.empty(0, np.int64), np.empty(0))
+        wt = None
+        if all(p.wall_times is not None for p in parts):
+            wt = np.concatenate([p.wall_times for p in parts])  # type: ignore[misc]
+        return Series(
+            np.concatenate([p.steps for p in parts]), np.concatenate([p.values for p in parts]), wt
+        )
+
+
+@dataclass
+class Segment:
+    """What one process logged: one W&B run folder, one MLflow run, one event file, one table part.
+
+    ``ref`` is the path relative to the SOURCE the user gave, or the tracker's run id. ``run_id``
+    is the tracker's own id (a resumed W&B run reuses it across processes); ``name`` and ``group``
+    are what the tracker shows a person. ``series`` maps metric names (nested keys joined with
+    ``.``, as logged) to their series on the tracker's step axis. ``checkpoint_steps`` is filled by
+    checkpoint-folder readers (kind ``checkpoints``) and holds the steps at which a resumable
+    checkpoint exists. ``start_time`` is when the process started (seconds since the epoch).
+    """
+
+    kind: SegmentKind
+    ref: str
+    source: str
+    run_id: str | None = None
+    name: str | None = None
+    group: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    series: dict[str, Series] = field(default_factory=dict)
+    start_time: float | None = None
+    checkpoint_steps: list[int] = field(default_factory=list)
+    resumed_from_step: int | None = None
+    """Set by a reader that knows the step this process resumed from (e.g. W&B ``branch_point``)."""
+    store: str | None = None
+    """Which store the segment came from (a path or server); segments of different stores are
+    never stitched together."""
+    warnings: list[str] = field(default_factory=list)
+    error: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def step_range(self) -> tuple[int | None, int | None]:
+        steps = [s.steps for s in self.series.values() if len(s)]
+        if not steps:
+            if self.checkpoint_steps:
+                return min(self.checkpoint_steps), max(self.checkpoint_steps)
+            return None, None
+        allsteps = np.concatenate(steps)
+        return int(allsteps.min()), int(allsteps.max())
+
+    def first_wall_time(self) -> float | None:
+        times = [s.wall_times[0] for s in self.series.values() if s.wall_times is not None and len(s)]
+        if times:
+            return float(min(times))
+        return self.start_time
+
+
+@dataclass
+class SourceError:
+    """A source, file or run that could not be read; the rest of the work goes on."""
+
+    spec: str
+    message: str
+    ref: str | None = None
+
+
+@dataclass
+class SourceRead:
+    """What reading one SOURCE gave: its segments, the kinds found, and what failed."""
+
+    spec: str
+    segments: list[Segment] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
+    errors: list[SourceError] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Boundary:
+    """A resume point inside a lineage: the first step logged after a restart."""
+
+    step: int
+    resumed_from_step: int | None
+    evidence: list[Evidence]
+    piece_index: int
+    """Index into ``Lineage.pieces`` of the first piece after the boundary."""
+
+
+@dataclass
+class Lineage:
+    """One training run across its restarts.
+
+    ``segments`` are the tracker pieces as read, in start order; ``pieces`` are the contiguous
+    stretches between restarts (a segment resumed in place is cut where its steps rewind or its clock
+    jumps), each a dict metric -> Series; ``boundaries`` sit between consecutive pieces.
+    """
+
+    id: str
+    name: str
+    segments: list[Segment]
+    pieces: list[dict[str, Series]] = field(default_factory=list)
+    piece_segments: list[int] = field(default_factory=list)
+    """For each piece, the index of the segment it came from."""
+    boundaries: list[Boundary] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    checkpoint_steps: list[int] = field(default_factory=list)
+    step_axis: str | None = None
+    """The framework global-step metric used as x axis, or None for the tracker's step."""
+
+    def metric_names(self) -> list[str]:
+        names: set[str] = set()
+        for piece in self.pieces:
+            names.update(piece)
+        return sorted(names)
+
+    def series(self, metric: str) -> Series:
+        """The metric over the whole lineage, pieces in order (steps may repeat after a rewind)."""
+        return Series.concat([p[metric] for p in self.pieces if metric in p])
+
+
+@dataclass
+class BoundaryVerdict:
+    """A detector's judgement of one boundary, in the report's terms."""
+
+    boundary: Boundary
+    verdict: Verdict
+    score: float
+    kl_before: float | None
+    kl_after: float | None
+    explanation: str
+    window_before: tuple[int, int] | None = None
+    """First and last step of the KL window compared before the boundary (for the dashboard)."""
+    window_after: tuple[int, int] | None = None
+
+
+@dataclass
+class Finding:
+    """What another resume-integrity detector reports (SPEC: ``findings``)."""
+
+    detector: str
+    step: int | None
+    severity: Literal["error", "warning", "info"]
+    message: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LineageResult:
+    """Everything klwatch concluded about one training run."""
+
+    lineage: Lineage
+    metric: str | None
+    status: Status
+    verdicts: list[BoundaryVerdict] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    error: str | None = None
+
+    def worst(self) -> BoundaryVerdict | None:
+        if not self.verdicts:
+            return None
+        return max(self.verdicts, key=lambda v: v.score)

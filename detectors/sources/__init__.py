@@ -1,0 +1,36 @@
+"""Readers: turn a SOURCE (SPEC.md "Sources") into Segments.
+
+``read_source(spec)`` is the single entry point; it never raises for bad input: every file or run
+that cannot be read becomes a ``SourceError`` naming it, and the rest is read. Readers only read:
+nothing here writes to a tracker or a store.
+"""
+
+from __future__ import annotations
+
+from ..model import SourceError, SourceRead
+
+
+def split_pattern(spec: str) -> tuple[str, str | None]:
+    """``mlflow.db#grpo-*`` -> (``mlflow.db``, ``grpo-*``): the run-name glob is applied by the pipeline."""
+    if "#" in spec:
+        base, pattern = spec.rsplit("#", 1)
+        return base, (pattern or None)
+    return spec, None
+
+
+def read_source(spec: str) -> SourceRead:
+    """Read one SOURCE (local path, ``wandb://``, ``mlflow://``; the ``#PATTERN`` already removed)."""
+    try:
+        if spec.startswith("wandb://"):
+            from .wandb_api import read_wandb_api
+
+            return read_wandb_api(spec)
+        if spec.startswith(("mlflow://", "mlflow+http://", "mlflow+https://")):
+            from .mlflow_server import read_mlflow_server
+
+            return read_mlflow_server(spec)
+        from .local import read_local
+
+        return read_local(spec)
+    except Exception as exc:  # a reader bug must not take the whole scan down
+        return SourceRead(spec=spec, errors=[SourceError(spec, f"{type(exc).__name__}: {exc}")])
