@@ -170,6 +170,8 @@ class Lineage:
     checkpoint_steps: list[int] = field(default_factory=list)
     step_axis: str | None = None
     """The framework global-step metric used as x axis, or None for the tracker's step."""
+    kl_metric: str | None = None
+    """The reference-KL series chosen for this run, or None when none is logged."""
 
     def metric_names(self) -> list[str]:
         names: set[str] = set()

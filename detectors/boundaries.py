@@ -1,0 +1,214 @@
+"""Where a training run was restarted: cut segments into pieces and put a boundary between pieces.
+
+A restart leaves marks that differ by framework and tracker: a new tracker run or event file, steps
+that repeat or go back (a resume from an older checkpoint), a wall-clock gap far beyond the run's
+step time, a runtime counter that starts again, a checkpoint at the step before. Every mark found is
+kept as evidence; none is required on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .model import Boundary, Evidence, Segment, Series
+
+
+@dataclass(frozen=True)
+class BoundaryConfig:
+    """How big a clock gap must be to count as a restart."""
+
+    gap_factor: float = 20.0
+    """A gap counts when it exceeds this many times the run's median step interval ..."""
+    min_gap_seconds: float = 0.5
+    """... and at least this many seconds (sub-second jitter is never a restart)."""
+
+
+@dataclass
+class Piece:
+    """A contiguous stretch of one segment between restarts."""
+
+    series: dict[str, Series]
+    segment_index: int
+    cut_evidence: list[Evidence] = field(default_factory=list)
+    """Evidence for a cut *before* this piece inside its own segment (empty for a segment's first piece)."""
+
+
+def _spine(series: dict[str, Series], prefer: str | None) -> Series | None:
+    if prefer and prefer in series and len(series[prefer]) > 1:
+        return series[prefer]
+    candidates = [s for n, s in series.items() if not n.startswith("_") and len(s) > 1]
+    if not candidates:
+        return None
+    return max(candidates, key=len)
+
+
+def _median_interval(wall: np.ndarray) -> float:
+    d = np.diff(wall)
+    d = d[d > 0]
+    return float(np.median(d)) if len(d) else 0.0
+
+
+def find_cuts(spine: Series, runtime: Series | None, *, config: BoundaryConfig) -> list[tuple[int, list[Evidence]]]:
+    """Indices into ``spine`` where a new piece starts, with the evidence for each."""
+    cuts: dict[int, list[Evidence]] = {}
+    steps = spine.steps
+    if len(steps) < 2:
+        return []
+    back = np.nonzero(steps[1:] < steps[:-1])[0] + 1
+    same = np.nonzero(steps[1:] == steps[:-1])[0] + 1
+    for i in back:
+        cuts.setdefault(int(i), []).append("step_rewind")
+    for i in same:
+        cuts.setdefault(int(i), []).append("duplicate_steps")
+    for i in back:  # a rewind re-logs steps: the duplicates make it a duplicate_steps case too
+        if "duplicate_steps" not in cuts[int(i)]:
+            cuts[int(i)].append("duplicate_steps")
+    if spine.wall_times is not None and len(spine.wall_times) > 2:
+        wall = spine.wall_times
+        step_time = _median_interval(wall)
+        threshold = max(config.min_gap_seconds, config.gap_factor * step_time)
+        gaps = np.nonzero(np.diff(wall) > threshold)[0] + 1
+        for i in gaps:
+            cuts.setdefault(int(i), []).append("time_gap")
+    if runtime is not None and len(runtime) > 1 and spine.wall_times is not None and runtime.wall_times is not None:
+        drops = np.nonzero(np.diff(runtime.values) < -1e-6)[0] + 1
+        for j in drops:
+            t = runtime.wall_times[j]
+            i = int(np.searchsorted(spine.wall_times, t, side="left"))
+            if 0 < i < len(steps):
+                cuts.setdefault(i, []).append("runtime_reset")
+    return sorted(cuts.items())
+
+
+def _split_series(s: Series, cut_times: list[float] | None, n_cuts: int) -> list[Series]:
+    """Cut one series at the same restarts as the spine: by clock when there is one, else at its own
+    step discontinuities (the k-th rewind of this series is the k-th restart)."""
+    if cut_times is not None and s.wall_times is not None:
+        idx = [int(np.searchsorted(s.wall_times, t, side="left")) for t in cut_times]
+    else:
+        disc = list(np.nonzero(s.steps[1:] <= s.steps[:-1])[0] + 1)
+        idx = [int(i) for i in disc[:n_cuts]]
+        idx += [len(s)] * (n_cuts - len(idx))
+    bounds = [0, *idx, len(s)]
+    return [s.take(slice(a, max(a, b))) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def split_segment(segment: Segment, index: int, *, prefer: str | None, config: BoundaryConfig) -> list[Piece]:
+    """Cut a segment where it was resumed in place (same tracker run, same event file)."""
+    spine = _spine(segment.series, prefer)
+    if spine is None:
+        return [Piece(dict(segment.series), index)]
+    cuts = find_cuts(spine, segment.series.get("_runtime"), config=config)
+    if not cuts:
+        return [Piece(dict(segment.series), index)]
+    cut_times = None
+    if spine.wall_times is not None:
+        w = spine.wall_times
+        cut_times = [float((w[i - 1] + w[i]) / 2) for i, _ in cuts]
+    pieces = [Piece({}, index)] + [Piece({}, index, list(ev)) for _, ev in cuts]
+    for name, s in segment.series.items():
+        if s is spine:
+            parts = [s.take(slice(a, b)) for a, b in zip([0] + [i for i, _ in cuts], [i for i, _ in cuts] + [len(s)])]
+        else:
+            parts = _split_series(s, cut_times, len(cuts))
+        for piece, part in zip(pieces, parts):
+            if len(part):
+                piece.series[name] = part
+    return [p for p in pieces if p.series]
+
+
+def _first_last(series: dict[str, Series], metric: str | None) -> tuple[int | None, int | None, float | None, float | None]:
+    s = series.get(metric) if metric else None
+    if s is None or not len(s):
+        non_empty = [v for n, v in series.items() if len(v) and not n.startswith("_")]
+        if not non_empty:
+            return None, None, None, None
+        first = min(int(v.steps[0]) for v in non_empty)
+        last = max(int(v.steps[-1]) for v in non_empty)
+        fw = [float(v.wall_times[0]) for v in non_empty if v.wall_times is not None]
+        lw = [float(v.wall_times[-1]) for v in non_empty if v.wall_times is not None]
+        return first, last, (min(fw) if fw else None), (max(lw) if lw else None)
+    fw = float(s.wall_times[0]) if s.wall_times is not None else None
+    lw = float(s.wall_times[-1]) if s.wall_times is not None else None
+    return int(s.steps[0]), int(s.steps[-1]), fw, lw
+
+
+def infer_boundaries(
+    segments: list[Segment],
+    pieces: list[Piece],
+    *,
+    metric: str | None,
+    checkpoint_steps: list[int],
+    declared_steps: list[int],
+    config: BoundaryConfig,
+) -> list[Boundary]:
+    """One boundary between every two consecutive pieces, with all the evidence that supports it."""
+    boundaries: list[Boundary] = []
+    ckpts = sorted(set(checkpoint_steps))
+    all_wall = [p.series[metric].wall_times for p in pieces
+                if metric in p.series and p.series[metric].wall_times is not None and len(p.series[metric]) > 1]
+    step_time = float(np.median([_median_interval(w) for w in all_wall])) if all_wall else 0.0
+    gap_threshold = max(config.min_gap_seconds, config.gap_factor * step_time)
+    for k in range(1, len(pieces)):
+        prev, cur = pieces[k - 1], pieces[k]
+        first, _, first_wall, _ = _first_last(cur.series, metric)
+        _, prev_last, _, prev_last_wall = _first_last(prev.series, metric)
+        if first is None:
+            continue
+        evidence: list[Evidence] = list(cur.cut_evidence)
+        if cur.segment_index != prev.segment_index:
+            seg, pseg = segments[cur.segment_index], segments[prev.segment_index]
+            if seg.kind == "tensorboard" and pseg.kind == "tensorboard":
+                evidence.append("new_event_file")
+            else:
+                evidence.append("new_tracker_run")
+            if prev_last is not None and first < prev_last:
+                evidence += ["step_rewind", "duplicate_steps"]
+            elif prev_last is not None and first == prev_last:
+                evidence.append("duplicate_steps")
+            if first_wall is not None and prev_last_wall is not None and first_wall - prev_last_wall > gap_threshold:
+                evidence.append("time_gap")
+            rt, prt = cur.series.get("_runtime"), prev.series.get("_runtime")
+            if rt is not None and prt is not None and len(rt) and len(prt) and rt.values[0] < prt.values[-1]:
+                evidence.append("runtime_reset")
+        resumed_from: int | None = None
+        reader_hint = segments[cur.segment_index].resumed_from_step if not cur.cut_evidence else None
+        before = [c for c in ckpts if c < first]
+        if reader_hint is not None:
+            resumed_from = int(reader_hint)
+        elif before and (prev_last is None or before[-1] <= prev_last):
+            resumed_from = before[-1]
+        if ckpts and resumed_from is not None and resumed_from in ckpts:
+            evidence.append("checkpoint")
+        if resumed_from is None and prev_last is not None and first <= prev_last + 1:
+            resumed_from = first - 1  # frameworks log step N+1 first after resuming from checkpoint N
+        if any(abs(d - first) <= 1 or (resumed_from is not None and d == resumed_from) for d in declared_steps):
+            evidence.append("declared")
+        boundaries.append(Boundary(step=first, resumed_from_step=resumed_from,
+                                   evidence=list(dict.fromkeys(evidence)), piece_index=k))
+    for d in declared_steps:  # a restart the user declares where the logs show none
+        if not any(abs(b.step - d) <= 1 for b in boundaries):
+            _split_at_declared(pieces, boundaries, d)
+    boundaries.sort(key=lambda b: b.piece_index)
+    return boundaries
+
+
+def _split_at_declared(pieces: list[Piece], boundaries: list[Boundary], step: int) -> None:
+    """Cut the piece that spans a declared restart step, so it becomes a boundary of its own."""
+    for k, p in enumerate(pieces):
+        steps = [s.steps for s in p.series.values() if len(s)]
+        if not steps:
+            continue
+        lo, hi = min(int(x.min()) for x in steps), max(int(x.max()) for x in steps)
+        if lo < step <= hi:
+            left = {n: s.take(s.steps < step) for n, s in p.series.items()}
+            right = {n: s.take(s.steps >= step) for n, s in p.series.items()}
+            pieces[k] = Piece({n: s for n, s in left.items() if len(s)}, p.segment_index, p.cut_evidence)
+            pieces.insert(k + 1, Piece({n: s for n, s in right.items() if len(s)}, p.segment_index, ["declared"]))
+            for b in boundaries:
+                if b.piece_index > k:
+                    b.piece_index += 1
+            boundaries.append(Boundary(step=step, resumed_from_step=step - 1, evidence=["declared"], piece_index=k + 1))
+            return

@@ -1,0 +1,204 @@
+"""Render a scan: the JSON report of SPEC.md, a terminal table, markdown, JUnit XML, the exit code.
+
+Every face (CLI, CI hook, dashboard export, watcher) renders through here, so a field means the same
+thing wherever a user reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+from xml.etree import ElementTree as ET
+
+from . import __version__
+from .model import BoundaryVerdict, LineageResult
+from .pipeline import ScanResult
+
+SCHEMA = "klwatch.report/1"
+
+EXIT_OK, EXIT_RESET, EXIT_USAGE, EXIT_UNREADABLE = 0, 1, 2, 3
+
+
+def exit_code(result: ScanResult) -> int:
+    """SPEC.md: 1 on any reset; 2 when nothing could be read; 3 when some of it could not; else 0."""
+    if result.any_reset:
+        return EXIT_RESET
+    if result.nothing_read:
+        return EXIT_USAGE
+    if result.any_error:
+        return EXIT_UNREADABLE
+    return EXIT_OK
+
+
+def _num(x: float | None, digits: int = 6) -> float | None:
+    if x is None or not math.isfinite(x):
+        return None
+    return float(f"{x:.{digits}g}")
+
+
+def boundary_dict(v: BoundaryVerdict) -> dict[str, Any]:
+    b = v.boundary
+    return {
+        "step": int(b.step),
+        "resumed_from_step": None if b.resumed_from_step is None else int(b.resumed_from_step),
+        "evidence": list(b.evidence),
+        "verdict": v.verdict,
+        "score": round(float(v.score), 4),
+        "kl_before": _num(v.kl_before),
+        "kl_after": _num(v.kl_after),
+        "explanation": v.explanation,
+        "window_before": list(v.window_before) if v.window_before else None,
+        "window_after": list(v.window_after) if v.window_after else None,
+    }
+
+
+def lineage_dict(r: LineageResult) -> dict[str, Any]:
+    lin = r.lineage
+    members = []
+    for seg in lin.segments:
+        first, last = seg.step_range()
+        members.append({"kind": seg.kind, "ref": seg.ref, "first_step": first, "last_step": last})
+    judged = {id(v.boundary) for v in r.verdicts}
+    boundaries = [boundary_dict(v) for v in r.verdicts]
+    # Boundaries without a KL on both sides are still reported, with no verdict on the KL.
+    for b in lin.boundaries:
+        if id(b) not in judged:
+            boundaries.append({"step": int(b.step), "resumed_from_step": b.resumed_from_step, "evidence": list(b.evidence),
+                               "verdict": "inconclusive", "score": 0.5, "kl_before": None, "kl_after": None,
+                               "explanation": "No KL logged on both sides of this boundary.",
+                               "window_before": None, "window_after": None})
+    boundaries.sort(key=lambda d: d["step"])
+    warnings = [w for seg in lin.segments for w in seg.warnings]
+    return {
+        "id": lin.id,
+        "name": lin.name,
+        "members": members,
+        "metric": r.metric,
+        "status": r.status,
+        "boundaries": boundaries,
+        "findings": [{"detector": f.detector, "step": f.step, "severity": f.severity, "message": f.message}
+                     for f in r.findings],
+        "error": r.error,
+        "step_axis": lin.step_axis,
+        "warnings": warnings,
+    }
+
+
+def to_dict(result: ScanResult) -> dict[str, Any]:
+    """The JSON report (SPEC.md ``--format json``)."""
+    return {
+        "schema": SCHEMA,
+        "tool_version": __version__,
+        "generated_at": result.generated_at,
+        "sources": [{"spec": s.spec, "kinds": list(s.kinds),
+                     "error": "; ".join(e.message for e in s.errors) or None} for s in result.sources],
+        "lineages": [lineage_dict(r) for r in result.results],
+    }
+
+
+def to_json(result: ScanResult) -> str:
+    return json.dumps(to_dict(result), indent=2)
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def rows(result: ScanResult) -> list[dict[str, str]]:
+    """One row per boundary (or per run without one): what the table and markdown show."""
+    out = []
+    for r in result.results:
+        kinds = ",".join(dict.fromkeys(s.kind for s in r.lineage.segments))
+        base = {"run": r.lineage.name, "tracker": kinds, "status": r.status, "metric": r.metric or "-"}
+        if not r.verdicts:
+            note = r.error or (r.findings[0].message if r.findings and r.status == "no_kl_metric" else "")
+            out.append({**base, "step": "-", "evidence": "-", "verdict": "-", "score": "-", "kl": "-", "note": note})
+        for v in r.verdicts:
+            out.append({**base, "step": str(v.boundary.step), "evidence": ",".join(v.boundary.evidence),
+                        "verdict": v.verdict, "score": f"{v.score:.2f}",
+                        "kl": f"{_fmt(v.kl_before)} -> {_fmt(v.kl_after)}", "note": v.explanation})
+    return out
+
+
+STATUS_STYLE = {"reference_reset": "bold red", "error": "red", "ok": "green", "intentional": "cyan",
+                "kl_disabled": "dim", "no_kl_metric": "yellow", "insufficient_data": "yellow"}
+VERDICT_STYLE = {"reference_reset": "bold red", "ok": "green", "intentional": "cyan", "inconclusive": "yellow"}
+
+
+def render_table(result: ScanResult, console: Any) -> None:
+    """A rich table on ``console``: every training run, every boundary, its verdict."""
+    from rich.table import Table
+
+    table = Table(title="klwatch: resume boundaries", show_lines=False)
+    for col in ("run", "tracker", "status", "metric", "step", "evidence", "verdict", "score", "KL before -> after"):
+        table.add_column(col, overflow="fold")
+    for row in rows(result):
+        table.add_row(row["run"], row["tracker"], f"[{STATUS_STYLE.get(row['status'], '')}]{row['status']}[/]",
+                      row["metric"], row["step"], row["evidence"],
+                      f"[{VERDICT_STYLE.get(row['verdict'], '')}]{row['verdict']}[/]", row["score"], row["kl"])
+    console.print(table)
+    for s in result.sources:
+        for e in s.errors:
+            console.print(f"[red]error[/] {e.message}")
+    for r in result.results:
+        if r.error:
+            console.print(f"[red]error[/] {r.lineage.name}: {r.error}")
+    console.print(summary_line(result))
+
+
+def summary_line(result: ScanResult) -> str:
+    counts: dict[str, int] = {}
+    for r in result.results:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    resets = sum(1 for r in result.results for v in r.verdicts if v.verdict == "reference_reset")
+    parts = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    return f"{len(result.results)} training run(s): {parts or 'none'}; {resets} boundary(ies) judged reference_reset."
+
+
+def render_markdown(result: ScanResult) -> str:
+    lines = ["| run | tracker | status | metric | step | evidence | verdict | score | KL before → after |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows(result):
+        cells = [row[k].replace("|", "\\|") for k in ("run", "tracker", "status", "metric", "step", "evidence", "verdict", "score", "kl")]
+        cells[2] = f"**{cells[2]}**" if row["status"] == "reference_reset" else cells[2]
+        lines.append("| " + " | ".join(cells).replace("->", "→") + " |")
+    errors = [e.message for s in result.sources for e in s.errors] + [f"{r.lineage.name}: {r.error}" for r in result.results if r.error]
+    if errors:
+        lines += ["", "Errors:", *[f"- {e}" for e in errors]]
+    lines += ["", summary_line(result)]
+    return "\n".join(lines) + "\n"
+
+
+def junit_xml(result: ScanResult) -> str:
+    """JUnit XML: one test case per training run, failing on a reference reset, erroring when unreadable."""
+    suite = ET.Element("testsuite", name="klwatch", tests=str(len(result.results)))
+    failures = errors = skipped = 0
+    for r in result.results:
+        case = ET.SubElement(suite, "testcase", classname=f"klwatch.{r.lineage.segments[0].kind if r.lineage.segments else 'run'}",
+                             name=r.lineage.name)
+        if r.status == "reference_reset":
+            failures += 1
+            bad = [v for v in r.verdicts if v.verdict == "reference_reset"]
+            msg = "; ".join(f"step {v.boundary.step}: KL {_fmt(v.kl_before)} -> {_fmt(v.kl_after)}, score {v.score:.2f}" for v in bad)
+            f = ET.SubElement(case, "failure", message=f"reference reset at {len(bad)} resume(s): {msg}", type="reference_reset")
+            f.text = "\n".join(v.explanation for v in bad)
+        elif r.status == "error":
+            errors += 1
+            ET.SubElement(case, "error", message=r.error or "unreadable", type="error")
+        elif r.status in ("no_kl_metric", "kl_disabled", "insufficient_data"):
+            skipped += 1
+            ET.SubElement(case, "skipped", message=r.status)
+        out = ET.SubElement(case, "system-out")
+        out.text = "\n".join(f"step {v.boundary.step} [{','.join(v.boundary.evidence)}]: {v.verdict} ({v.score:.2f}) {v.explanation}"
+                             for v in r.verdicts)
+    for s in result.sources:
+        for e in s.errors:
+            errors += 1
+            case = ET.SubElement(suite, "testcase", classname="klwatch.source", name=s.spec)
+            ET.SubElement(case, "error", message=e.message, type="source_error")
+    suite.set("failures", str(failures))
+    suite.set("errors", str(errors))
+    suite.set("skipped", str(skipped))
+    suite.set("tests", str(len(suite.findall("testcase"))))
+    return ET.tostring(suite, encoding="unicode", xml_declaration=True)

@@ -1,0 +1,197 @@
+"""Group tracker runs, folders and event files into lineages: one per training run.
+
+Frameworks start a new W&B run, MLflow run or event file at every restart (NeMo-RL, verl, OpenRLHF,
+TRL by default), so one training run is many tracker pieces. Pieces belong together when they come
+from the same store and share a group or a name (launch suffixes aside), their configs agree on the
+keys that do not change per launch, they do not run at the same time, and each later piece resumes
+rather than starts over (a piece that begins at the run's very first step is a new training run, not a
+resume: stitching it would fake a reset at step 0).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .metrics import flatten
+from .model import Segment
+
+# Config keys that legitimately change from one launch of a run to the next.
+_PER_LAUNCH = re.compile(
+    r"(resume|checkpoint|ckpt|output|_dir|dir$|path|time|date|_id$|^id$|host|node|slurm|port|wandb|"
+    r"launch|restart|seed|pid|rank|world|device|cuda|run_name|logging|log_dir|save|load|model_name|"
+    r"name_or_path|max_steps|num_train_epochs|total|exp_name|experiment)", re.I)
+_LAUNCH_SUFFIX = re.compile(r"([-_.](resume|restart|retry|relaunch|cont|continued|part|launch|r|v|try|attempt)"
+                            r"?[-_.]?\d+|[-_.](resumed?|restarted))$", re.I)
+
+
+@dataclass(frozen=True)
+class StitchConfig:
+    """Overrides: group by a config/tag key, or an explicit mapping of lineage name -> member globs."""
+
+    group_by: str | None = None
+    lineage_map: dict[str, list[str]] | None = None
+
+
+def load_lineage_file(path: str) -> dict[str, list[str]]:
+    """``--lineage FILE``: JSON ``{"lineage name": ["ref or run-id glob", ...]}``."""
+    text = Path(path).read_text()
+    data = json.loads(text)
+    if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+        raise ValueError(f"{path}: expected a JSON object mapping lineage names to lists of globs")
+    return {str(k): [str(x) for x in v] for k, v in data.items()}
+
+
+def base_name(name: str) -> str:
+    """``grpo-7b-resume-2`` -> ``grpo-7b``: what a framework appends per launch is not the run's name."""
+    prev = None
+    while prev != name:
+        prev = name
+        name = _LAUNCH_SUFFIX.sub("", name)
+    return name or prev or ""
+
+
+def configs_agree(a: dict, b: dict) -> bool:
+    """True unless the configs differ on keys that do not change between launches of one run."""
+    fa, fb = flatten(a), flatten(b)
+    common = [k for k in fa.keys() & fb.keys() if not _PER_LAUNCH.search(k)]
+    if not common:
+        return True
+    differ = [k for k in common if str(fa[k]) != str(fb[k])]
+    return len(differ) <= max(1, len(common) // 10) if len(common) > 10 else not differ
+
+
+def _key(seg: Segment, config: StitchConfig) -> str:
+    if config.lineage_map:
+        for lname, globs in config.lineage_map.items():
+            for g in globs:
+                for candidate in (seg.ref, seg.run_id or "", seg.name or ""):
+                    if candidate and fnmatch.fnmatchcase(candidate, g):
+                        return f"map:{lname}"
+    if config.group_by:
+        flat = {**flatten(seg.config), **seg.tags}
+        if config.group_by in flat:
+            return f"by:{flat[config.group_by]}"
+    if seg.kind == "tensorboard":
+        return f"dir:{seg.group or seg.run_id or seg.ref}"
+    if seg.group:
+        return f"group:{seg.group}"
+    if seg.name:
+        return f"name:{base_name(seg.name)}"
+    return f"run:{seg.run_id or seg.ref}"
+
+
+def _span(seg: Segment) -> tuple[float | None, float | None]:
+    starts, ends = [], []
+    for n, s in seg.series.items():
+        if s.wall_times is not None and len(s):
+            starts.append(float(s.wall_times.min()))
+            ends.append(float(s.wall_times.max()))
+    if not starts:
+        return seg.start_time, None
+    return min(starts), max(ends)
+
+
+def _order_key(seg: Segment) -> tuple[float, int]:
+    start = seg.first_wall_time()
+    first, _ = seg.step_range()
+    return (start if start is not None else float("inf"), first if first is not None else 0)
+
+
+def _split_chain(segs: list[Segment], *, explicit: bool) -> list[list[Segment]]:
+    """Within one key, start a new training run where a piece starts over, overlaps or disagrees."""
+    segs = sorted(segs, key=_order_key)
+    chains: list[list[Segment]] = []
+    for seg in segs:
+        first, _ = seg.step_range()
+        placed = False
+        for chain in chains:
+            if explicit:
+                chain.append(seg)
+                placed = True
+                break
+            last = chain[-1]
+            run_first = min((s.step_range()[0] for s in chain if s.step_range()[0] is not None), default=None)
+            l_start, l_end = _span(last)
+            s_start, _ = _span(seg)
+            # a W&B/MLflow run resumed in place keeps its id; event files share their folder's id
+            new_run = seg.run_id != last.run_id or seg.kind == "tensorboard"
+            overlaps = new_run and l_end is not None and s_start is not None and s_start < l_end - 1e-6
+            starts_over = new_run and first is not None and run_first is not None and first <= run_first
+            if overlaps or starts_over or not configs_agree(last.config, seg.config):
+                continue
+            chain.append(seg)
+            placed = True
+            break
+        if not placed:
+            chains.append([seg])
+    return chains
+
+
+def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig()) -> list[tuple[str, str, list[Segment]]]:
+    """Group segments into training runs: a list of (lineage id, name, segments in start order).
+
+    Error segments stay alone (their run is reported with its error); checkpoint folders join the
+    training run of the same name in the same source, or the only one there.
+    """
+    out: list[tuple[str, str, list[Segment]]] = []
+    by_store: dict[tuple[str, str], dict[str, list[Segment]]] = {}
+    checkpoints: list[Segment] = []
+    for seg in segments:
+        if seg.error:
+            out.append((f"{seg.kind}:{seg.ref}", seg.name or seg.ref, [seg]))
+            continue
+        if seg.kind == "checkpoints":
+            checkpoints.append(seg)
+            continue
+        store = (seg.source, seg.store or seg.source)
+        by_store.setdefault(store, {}).setdefault(_key(seg, config), []).append(seg)
+
+    lineages: list[tuple[str, str, list[Segment]]] = []
+    for (source, store), groups in by_store.items():
+        for key, segs in groups.items():
+            chains = _split_chain(segs, explicit=key.startswith(("map:", "by:")))
+            for n, chain in enumerate(chains):
+                name = _lineage_name(key, chain)
+                lid = f"{chain[0].kind}:{_store_label(source, store)}:{key.split(':', 1)[1]}"
+                if len(chains) > 1:
+                    lid += f"#{n + 1}"
+                    name += f" #{n + 1}"
+                lineages.append((lid, name, chain))
+
+    for ck in checkpoints:
+        same_source = [lin for lin in lineages if lin[2][0].source == ck.source]
+        match = [lin for lin in same_source if ck.name and (base_name(ck.name) == base_name(lin[1]) or ck.name == lin[1])]
+        target = match or (same_source if len(same_source) == 1 else [])
+        if target:
+            for lin in target:
+                lin[2].append(ck)
+        else:
+            lineages.append((f"checkpoints:{ck.ref}", ck.name or ck.ref, [ck]))
+    return out + lineages
+
+
+def _lineage_name(key: str, chain: list[Segment]) -> str:
+    kind, _, rest = key.partition(":")
+    if kind == "name":
+        return rest
+    first = chain[0]
+    if kind == "dir":
+        return rest
+    return first.group or first.name or rest
+
+
+def _store_label(source: str, store: str) -> str:
+    """A short, stable name for a store: relative to the source when it lies inside it."""
+    path, sep, exp = store.partition("#")
+    try:
+        src = Path(source).expanduser().resolve()
+        p = Path(path).resolve()
+        rel = p.relative_to(src if src.is_dir() else src.parent)
+        label = str(rel) if str(rel) != "." else src.name
+    except (ValueError, OSError):
+        label = path
+    return label + (sep + exp if sep else "")
