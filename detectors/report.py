@@ -138,12 +138,6 @@ def render_table(result: ScanResult, console: Any) -> None:
                       row["metric"], row["step"], row["evidence"],
                       f"[{VERDICT_STYLE.get(row['verdict'], '')}]{row['verdict']}[/]", row["score"], row["kl"])
     console.print(table)
-    for s in result.sources:
-        for e in s.errors:
-            console.print(f"[red]error[/] {e.message}")
-    for r in result.results:
-        if r.error:
-            console.print(f"[red]error[/] {r.lineage.name}: {r.error}")
     console.print(summary_line(result))
 
 
