@@ -33,7 +33,7 @@ from .model import Boundary, BoundaryVerdict, Series
 class ReferenceResetConfig:
     """Thresholds of the reference-reset detector (the dashboard exposes them)."""
 
-    reset_score: float = 0.9
+    reset_score: float = 0.95
     """Posterior at or above which a boundary is a ``reference_reset``."""
     ok_score: float = 0.2
     """Posterior at or below which a boundary is ``ok``; between the two it is ``inconclusive``."""
@@ -73,15 +73,23 @@ def _noise(logs: np.ndarray, floor: float) -> float:
 
 
 def _templates(offsets: np.ndarray, level: float, start: Series | None) -> list[np.ndarray]:
-    """H1's predicted KL at each post-resume step offset: regrowth from zero at several speeds."""
+    """H1's predicted KL at each post-resume step offset: regrowth from zero at several speeds.
+
+    The run's own opening is the best template (as logged, and less its first value for a run whose
+    reference differs from the initial policy); ramps cover runs whose opening is not in the logs.
+    A ramp may have had one step to grow already: frameworks log the KL of the first step after
+    the update on some setups.
+    """
     temps: list[np.ndarray] = []
     if start is not None and len(start) >= 3:
         s_off = (start.steps - start.steps[0]).astype(float)
-        s_val = np.clip(start.values - start.values[0], 0.0, None)
-        for speed in (0.5, 1.0, 2.0, 4.0):
-            temps.append(np.interp(offsets * speed, s_off, s_val))
-    for ramp in (3.0, 6.0, 12.0, 25.0, 50.0):  # reaching the old level after `ramp` steps
-        temps.append(level * np.clip(offsets / ramp, 0.0, 1.0))
+        s_val = np.clip(start.values, 0.0, None)
+        for base in (s_val, np.clip(s_val - s_val[0], 0.0, None)):
+            for speed in (0.5, 1.0, 2.0, 4.0):
+                temps.append(np.interp(offsets * speed, s_off, base))
+    for shift in (0.0, 1.0):
+        for ramp in (4.0, 8.0, 16.0, 32.0, 64.0):  # reaching the old level after `ramp` steps
+            temps.append(level * np.clip((offsets + shift) / ramp, 0.0, 1.0))
     return temps
 
 
@@ -121,7 +129,7 @@ def judge_boundary(
         return verdict("inconclusive", 0.5,
                        f"KL before the resume {at} ({kl_before:.3g}) had not grown above its opening level yet; "
                        "a reset cannot be told from a continuation this early.")
-    if np.all(post.values == 0.0) and np.any(pre.values != 0.0):
+    if len(post) >= 3 and np.all(post.values == 0.0) and np.any(pre.values != 0.0):
         return verdict("inconclusive", 0.5,
                        f"KL is exactly 0 after the resume {at}: the KL penalty looks switched off, not reset. "
                        "Check the KL coefficient in the resumed config.")
