@@ -1,0 +1,125 @@
+"""Boundary inference on generated step sequences: every restart found, with the right evidence,
+and no restart invented inside one process."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from detectors.boundaries import BoundaryConfig, infer_boundaries, split_segment
+from detectors.model import Segment, Series
+
+CFG = BoundaryConfig()
+
+
+@st.composite
+def process_runs(draw):
+    """A run's processes: (first step, last step) each; a restart resumes at or before the last step + 1."""
+    n = draw(st.integers(1, 6))
+    procs = []
+    start = draw(st.integers(0, 5))
+    for _ in range(n):
+        length = draw(st.integers(3, 40))
+        end = start + length - 1
+        procs.append((start, end))
+        back = draw(st.integers(0, min(10, length - 1)))  # 0: continue; >0: resume from an older checkpoint
+        start = end + 1 - back
+    return procs
+
+
+def one_segment(procs, *, with_clock: bool, rng: np.random.Generator) -> Segment:
+    steps, walls = [], []
+    t = 1e9
+    for a, b in procs:
+        for s in range(a, b + 1):
+            t += float(rng.uniform(0.8, 1.6))  # jittery step time
+            steps.append(s)
+            walls.append(t)
+        t += 300.0  # a restart takes minutes
+    vals = rng.uniform(0.01, 0.02, len(steps))
+    series = {"kl": Series(steps, vals, walls if with_clock else None),
+              "loss": Series(steps, vals * 3, walls if with_clock else None)}
+    return Segment(kind="mlflow", ref="r", source="s", run_id="r", series=series)
+
+
+@settings(max_examples=150, deadline=None)
+@given(process_runs(), st.integers(0, 2**31 - 1))
+def test_every_in_place_restart_is_found_with_a_clock(procs, seed):
+    seg = one_segment(procs, with_clock=True, rng=np.random.default_rng(seed))
+    pieces = split_segment(seg, 0, prefer="kl", config=CFG)
+    bounds = infer_boundaries([seg], pieces, metric="kl", checkpoint_steps=[], declared_steps=[], config=CFG)
+    assert [b.step for b in bounds] == [a for a, _ in procs[1:]]
+    for b, (prev, cur) in zip(bounds, zip(procs, procs[1:])):
+        assert "time_gap" in b.evidence
+        if cur[0] <= prev[1]:
+            assert "step_rewind" in b.evidence or "duplicate_steps" in b.evidence
+        assert b.resumed_from_step == cur[0] - 1
+    # every series is cut at the same restarts
+    for p in pieces:
+        assert np.array_equal(p.series["kl"].steps, p.series["loss"].steps)
+
+
+@settings(max_examples=150, deadline=None)
+@given(process_runs(), st.integers(0, 2**31 - 1))
+def test_without_a_clock_only_rewinds_are_restarts(procs, seed):
+    seg = one_segment(procs, with_clock=False, rng=np.random.default_rng(seed))
+    pieces = split_segment(seg, 0, prefer="kl", config=CFG)
+    bounds = infer_boundaries([seg], pieces, metric="kl", checkpoint_steps=[], declared_steps=[], config=CFG)
+    expected = [cur[0] for prev, cur in zip(procs, procs[1:]) if cur[0] <= prev[1]]
+    assert [b.step for b in bounds] == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(process_runs(), st.integers(0, 2**31 - 1))
+def test_one_tracker_run_per_process_gives_one_boundary_per_new_run(procs, seed):
+    rng = np.random.default_rng(seed)
+    segs = []
+    t = 1e9
+    for k, (a, b) in enumerate(procs):
+        steps = np.arange(a, b + 1)
+        wall = t + np.cumsum(rng.uniform(0.8, 1.6, len(steps)))
+        t = float(wall[-1]) + 300
+        segs.append(Segment(kind="wandb-offline", ref=f"run-{k}", source="s", run_id=f"id{k}",
+                            series={"kl": Series(steps, rng.uniform(0.01, 0.02, len(steps)), wall)}))
+    pieces = [p for i, s in enumerate(segs) for p in split_segment(s, i, prefer="kl", config=CFG)]
+    bounds = infer_boundaries(segs, pieces, metric="kl", checkpoint_steps=[], declared_steps=[], config=CFG)
+    assert [b.step for b in bounds] == [a for a, _ in procs[1:]]
+    assert all("new_tracker_run" in b.evidence and "time_gap" in b.evidence for b in bounds)
+
+
+def test_jittery_step_times_and_a_slow_eval_step_are_not_restarts():
+    rng = np.random.default_rng(0)
+    steps = np.arange(1, 500)
+    dt = rng.lognormal(0.0, 0.4, len(steps))
+    dt[250] *= 8  # an evaluation pause
+    seg = Segment(kind="tensorboard", ref="f", source="s", series={"kl": Series(steps, np.ones(len(steps)), 1e9 + np.cumsum(dt))})
+    assert len(split_segment(seg, 0, prefer="kl", config=CFG)) == 1
+
+
+def test_runtime_counter_restarting_marks_a_restart():
+    steps = np.arange(1, 41)
+    wall = 1e9 + steps * 1.0
+    runtime = np.concatenate([np.arange(1, 21) * 1.0, np.arange(1, 21) * 1.0])
+    seg = Segment(kind="wandb-offline", ref="f", source="s",
+                  series={"kl": Series(steps, np.ones(40), wall), "_runtime": Series(steps, runtime, wall)})
+    pieces = split_segment(seg, 0, prefer="kl", config=CFG)
+    assert len(pieces) == 2
+    assert pieces[1].cut_evidence == ["runtime_reset"]
+
+
+def test_checkpoint_folder_names_the_step_resumed_from():
+    segs = [Segment(kind="tensorboard", ref=f"e{k}", source="s", series={"kl": Series(np.arange(a, b), np.ones(b - a))})
+            for k, (a, b) in enumerate([(1, 48), (41, 80)])]
+    pieces = [p for i, s in enumerate(segs) for p in split_segment(s, i, prefer="kl", config=CFG)]
+    [b] = infer_boundaries(segs, pieces, metric="kl", checkpoint_steps=[20, 40], declared_steps=[], config=CFG)
+    assert b.step == 41 and b.resumed_from_step == 40
+    assert set(b.evidence) >= {"new_event_file", "step_rewind", "duplicate_steps", "checkpoint"}
+
+
+def test_a_declared_restart_cuts_a_seamless_run():
+    seg = Segment(kind="table", ref="t", source="s", series={"kl": Series(np.arange(1, 81), np.ones(80))})
+    pieces = split_segment(seg, 0, prefer="kl", config=CFG)
+    [b] = infer_boundaries([seg], pieces, metric="kl", checkpoint_steps=[], declared_steps=[41], config=CFG)
+    assert b.step == 41 and b.evidence == ["declared"]
+    assert len(pieces) == 2 and pieces[1].series["kl"].steps[0] == 41

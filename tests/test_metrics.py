@@ -1,0 +1,57 @@
+"""Which series is the reference KL (SPEC.md "Metrics"), the global-step axis, and declared resets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from detectors.metrics import (choose_kl_metric, declared_reference_resets, kl_candidates, to_framework_steps)
+from detectors.model import Segment, Series
+
+
+@pytest.mark.parametrize("name", ["train/kl_penalty", "kl_penalty", "kl", "train/kl", "objective/kl", "actor/kl_loss",
+                                  "actor/reward_kl_penalty", "critic/kl", "train/kl_loss", "train/kl_loss_avg",
+                                  "ppo_actor/kl_rewards/avg", "train/actor/kl_loss", "policy/ref_kl"])
+def test_recognises_reference_kl_names_of_the_major_frameworks(name):
+    assert kl_candidates([name, "loss", "reward"]) == [name]
+
+
+@pytest.mark.parametrize("name", ["gen_kl_error", "policy_kl_error", "ppo_kl", "approxkl", "policy/approxkl_avg",
+                                  "policykl", "actor/ppo_kl", "train/approx_kl", "actor/kl_coef", "kl_ctl/value"])
+def test_leaves_out_kl_look_alikes_that_do_not_measure_distance_to_the_reference(name):
+    assert kl_candidates([name, "loss"]) == []
+
+
+def test_reference_kl_wins_over_a_look_alike_logged_beside_it():
+    seg = Segment(kind="mlflow", ref="r", source="s", series={
+        "actor/ppo_kl": Series([1, 2], [0.1, 0.1]), "actor/kl_loss": Series([1, 2], [0.1, 0.1])})
+    assert choose_kl_metric([seg]) == "actor/kl_loss"
+
+
+def test_user_metric_globs_override_defaults_and_exclusions():
+    assert kl_candidates(["my/kl_thing", "kl"], patterns=["my/*"]) == ["my/kl_thing"]
+    assert kl_candidates(["ppo_kl"], patterns=["ppo_kl"]) == ["ppo_kl"]
+
+
+def test_series_move_onto_the_framework_global_step():
+    # W&B's _step restarts in a new run; the framework's global step continues
+    seg = Segment(kind="wandb-offline", ref="r", source="s", series={
+        "train/global_step": Series([0, 1, 2, 3], [41, 42, 43, 44]),
+        "kl": Series([0, 1, 2, 3], [0.1, 0.2, 0.3, 0.4], [10.0, 11.0, 12.0, 13.0])})
+    out = to_framework_steps(seg, "train/global_step")
+    assert out.series["kl"].steps.tolist() == [41, 42, 43, 44]
+    assert out.series["kl"].wall_times.tolist() == [10.0, 11.0, 12.0, 13.0]
+    assert seg.series["kl"].steps.tolist() == [0, 1, 2, 3]  # the reader's segment is untouched
+
+
+@pytest.mark.parametrize("config,expected", [
+    ({"loss_fn": {"reference_reset_interval": 50}}, "loss_fn.reference_reset_interval"),
+    ({"ref_update_interval": 10}, "ref_update_interval"),
+    ({"sync_ref_model": True, "ref_model_sync_steps": 64}, "sync_ref_model"),
+    ({"sync_ref_model": False}, None),
+    ({"reference_reset_interval": 0}, None),
+    ({"ref_update_interval": "none"}, None),
+    ({"lr": 1e-6, "kl_coef": 0.1}, None),
+])
+def test_config_keys_that_declare_an_intentional_reference_reset(config, expected):
+    assert declared_reference_resets(config) == expected

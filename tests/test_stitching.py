@@ -1,0 +1,75 @@
+"""Stitching tracker pieces into training runs."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from detectors.model import Segment, Series
+from detectors.stitching import StitchConfig, base_name, configs_agree, stitch
+
+
+def seg(run_id, name, first, last, t0, *, group=None, config=None, kind="mlflow", store="db"):
+    steps = np.arange(first, last + 1)
+    return Segment(kind=kind, ref=run_id, source="src", run_id=run_id, name=name, group=group,
+                   config=config or {"lr": 1e-6, "model": "qwen"}, store=store,
+                   series={"kl": Series(steps, np.ones(len(steps)), t0 + steps * 1.0)})
+
+
+def groups(segments, **kw):
+    return sorted(sorted(s.ref for s in segs) for _, _, segs in stitch(segments, **kw))
+
+
+def test_new_tracker_run_per_restart_is_one_training_run():
+    segs = [seg("a", "grpo", 1, 40, 0), seg("b", "grpo", 41, 80, 1000), seg("c", "grpo", 81, 120, 2000)]
+    assert groups(segs) == [["a", "b", "c"]]
+
+
+def test_launch_suffixes_do_not_split_a_run():
+    assert base_name("grpo-7b-resume-2") == "grpo-7b"
+    assert base_name("grpo-7b_restart3") == "grpo-7b"
+    segs = [seg("a", "grpo-7b", 1, 40, 0), seg("b", "grpo-7b-resume-1", 41, 80, 1000)]
+    assert groups(segs) == [["a", "b"]]
+
+
+def test_a_rerun_from_scratch_with_the_same_name_is_another_training_run():
+    segs = [seg("a", "grpo", 1, 40, 0), seg("b", "grpo", 1, 40, 1000)]
+    assert groups(segs) == [["a"], ["b"]]
+
+
+def test_runs_at_the_same_time_are_different_training_runs():
+    segs = [seg("a", "sweep", 1, 40, 0), seg("b", "sweep", 20, 60, 10)]
+    assert groups(segs) == [["a"], ["b"]]
+
+
+def test_a_different_config_is_a_different_training_run():
+    segs = [seg("a", "grpo", 1, 40, 0), seg("b", "grpo", 41, 80, 1000, config={"lr": 5e-6, "model": "llama"})]
+    assert groups(segs) == [["a"], ["b"]]
+
+
+def test_per_launch_config_keys_are_ignored():
+    assert configs_agree({"lr": 1, "resume_from_checkpoint": None, "output_dir": "/a", "model_name_or_path": "base"},
+                         {"lr": 1, "resume_from_checkpoint": "/ckpt/40", "output_dir": "/b", "model_name_or_path": "/ckpt/40"})
+
+
+def test_different_stores_are_never_stitched():
+    segs = [seg("a", "grpo", 1, 40, 0, store="one.db"), seg("b", "grpo", 41, 80, 1000, store="two.db")]
+    assert groups(segs) == [["a"], ["b"]]
+
+
+def test_group_by_and_lineage_file_override_the_heuristics():
+    segs = [seg("a", "x", 1, 40, 0, config={"exp": "e1"}), seg("b", "y", 41, 80, 1000, config={"exp": "e1"})]
+    assert groups(segs) == [["a"], ["b"]]
+    assert groups(segs, config=StitchConfig(group_by="exp")) == [["a", "b"]]
+    assert groups(segs, config=StitchConfig(lineage_map={"mine": ["a", "b"]})) == [["a", "b"]]
+
+
+def test_checkpoint_folder_joins_the_only_run_of_its_source():
+    ck = Segment(kind="checkpoints", ref="ckpts", source="src", name="results", checkpoint_steps=[20, 40])
+    out = stitch([seg("a", "grpo", 1, 40, 0), seg("b", "grpo", 41, 80, 1000), ck])
+    assert len(out) == 1 and ck in out[0][2]
+
+
+def test_an_unreadable_run_stays_its_own_entry():
+    bad = Segment(kind="tensorboard", ref="x/events.out.tfevents.1", source="src", error="x: bad CRC")
+    out = stitch([seg("a", "grpo", 1, 40, 0), bad])
+    assert [segs for _, _, segs in out if bad in segs] == [[bad]]
