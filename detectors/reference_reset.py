@@ -23,8 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
-from scipy.special import expit, logsumexp
+from scipy.special import expit, gammaln, logsumexp
 
 from .model import Boundary, BoundaryVerdict, Series
 
@@ -58,6 +57,13 @@ def typical_kl(values: np.ndarray) -> float:
     """The run's typical KL: the 90th percentile of its positive values (robust to one spike)."""
     v = values[np.isfinite(values) & (values > 0)]
     return float(np.percentile(v, 90)) if len(v) else 0.0
+
+
+def t_logpdf(x: np.ndarray, dof: float, loc: np.ndarray | float, scale: float) -> np.ndarray:
+    """Student-t log density (as scipy.stats.t.logpdf, without importing scipy.stats on every CLI start)."""
+    z = (np.asarray(x) - loc) / scale
+    return (gammaln((dof + 1) / 2) - gammaln(dof / 2) - 0.5 * np.log(dof * np.pi) - np.log(scale)
+            - (dof + 1) / 2 * np.log1p(z * z / dof))
 
 
 def _log(x: np.ndarray, eps: float) -> np.ndarray:
@@ -140,8 +146,8 @@ def judge_boundary(
     mu0 = float(np.median(lpre[-5:]))
     sigma1 = max(sigma0, 0.5)
     offsets = (post.steps - boundary.step).astype(float)
-    ll0 = float(np.sum(stats.t.logpdf(lpost, config.dof, loc=mu0, scale=sigma0)))
-    ll1s = [float(np.sum(stats.t.logpdf(lpost, config.dof, loc=_log(t, eps), scale=sigma1)))
+    ll0 = float(np.sum(t_logpdf(lpost, config.dof, mu0, sigma0)))
+    ll1s = [float(np.sum(t_logpdf(lpost, config.dof, _log(t, eps), sigma1)))
             for t in _templates(offsets, kl_before, start)]
     ll1 = float(logsumexp(ll1s) - np.log(len(ll1s)))
     prior_logit = float(np.log(config.prior / (1.0 - config.prior)))

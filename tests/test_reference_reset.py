@@ -145,3 +145,12 @@ def test_scores_stay_in_unit_interval_and_threshold_orders_verdicts(threshold):
         assert 0.0 <= v.score <= 1.0
         if v.verdict == "reference_reset":
             assert v.score >= threshold
+
+
+def test_student_t_density_matches_scipy():
+    from scipy import stats
+
+    from detectors.reference_reset import t_logpdf
+
+    x = np.linspace(-20, 20, 41)
+    assert np.allclose(t_logpdf(x, 3.0, 1.5, 0.7), stats.t.logpdf(x, 3.0, loc=1.5, scale=0.7))
