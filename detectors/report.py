@@ -129,14 +129,15 @@ VERDICT_STYLE = {"reference_reset": "bold red", "ok": "green", "intentional": "c
 def render_table(result: ScanResult, console: Any) -> None:
     """A rich table on ``console``: every training run, every boundary, its verdict."""
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title="klwatch: resume boundaries", show_lines=False)
     for col in ("run", "tracker", "status", "metric", "step", "evidence", "verdict", "score", "KL before -> after"):
         table.add_column(col, overflow="fold")
     for row in rows(result):
-        table.add_row(row["run"], row["tracker"], f"[{STATUS_STYLE.get(row['status'], '')}]{row['status']}[/]",
-                      row["metric"], row["step"], row["evidence"],
-                      f"[{VERDICT_STYLE.get(row['verdict'], '')}]{row['verdict']}[/]", row["score"], row["kl"])
+        table.add_row(Text(row["run"]), row["tracker"], Text(row["status"], style=STATUS_STYLE.get(row["status"], "")),
+                      Text(row["metric"]), row["step"], row["evidence"],
+                      Text(row["verdict"], style=VERDICT_STYLE.get(row["verdict"], "")), row["score"], row["kl"])
     console.print(table)
     console.print(summary_line(result))
 

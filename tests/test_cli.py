@@ -1,0 +1,152 @@
+"""``klwatch scan`` as a user runs it: the real console script on real event files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import numpy as np
+import pytest
+
+from spec_shape import check_report
+
+KLWATCH = [sys.executable, "-m", "detectors.cli"]
+
+
+def klwatch(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*KLWATCH, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=120,
+                          env={**os.environ, "COLUMNS": "200"})
+
+
+def write_run(folder: Path, *, resumes: list[int], buggy: bool, last: int = 90, metric: str = "train/kl_penalty",
+              seed: int = 0, kl_scale: float = 0.05) -> None:
+    """One training run as TensorBoard logs it: a new event file per process in the run's folder."""
+    from tensorboardX import SummaryWriter
+
+    rng = np.random.default_rng(seed)
+    starts, ends = [1] + [r + 1 for r in resumes], resumes + [last]
+    ref, wall = 0, 1_700_000_000.0
+    for k, (a, b) in enumerate(zip(starts, ends)):
+        if k and buggy:
+            ref = a - 1
+        w = SummaryWriter(str(folder), filename_suffix=f".p{k}")
+        for s in range(a, b + 1):
+            kl = kl_scale * (1 - np.exp(-(s - ref) / 8.0)) * np.exp(rng.normal(0, 0.1))
+            w.add_scalar(metric, kl, s, walltime=wall)
+            w.add_scalar("train/loss", 1.0 / s, s, walltime=wall)
+            wall += 5.0
+        w.close()
+        wall += 900.0
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("runs")
+    write_run(root / "grpo-buggy", resumes=[40], buggy=True)
+    write_run(root / "grpo-ratchet", resumes=[30, 55, 80], buggy=True, last=110)
+    write_run(root / "grpo-fixed", resumes=[40], buggy=False)
+    write_run(root / "grpo-continuous", resumes=[], buggy=False)
+    write_run(root / "kl-off", resumes=[40], buggy=True, kl_scale=0.0)
+    return root
+
+
+def test_scan_table_shows_every_run_and_exits_1_on_a_reset(runs):
+    out = klwatch("scan", runs)
+    assert out.returncode == 1, out.stderr
+    for name in ("grpo-buggy", "grpo-ratchet", "grpo-fixed", "grpo-continuous", "kl-off"):
+        assert name in out.stdout
+    assert "reference_reset" in out.stdout and "kl_disabled" in out.stdout
+
+
+def test_scan_json_follows_the_spec_and_flags_exactly_the_buggy_boundaries(runs):
+    out = klwatch("scan", runs, "--format", "json")
+    assert out.returncode == 1, out.stderr
+    report = json.loads(out.stdout)
+    check_report(report)
+    by_name = {lin["name"]: lin for lin in report["lineages"]}
+    flagged = {(lin["name"], b["step"]) for lin in report["lineages"] for b in lin["boundaries"]
+               if b["verdict"] == "reference_reset"}
+    assert flagged == {("grpo-buggy", 41), ("grpo-ratchet", 31), ("grpo-ratchet", 56), ("grpo-ratchet", 81)}
+    assert by_name["grpo-fixed"]["status"] == "ok"
+    assert by_name["grpo-continuous"]["status"] == "ok" and by_name["grpo-continuous"]["boundaries"] == []
+    assert by_name["kl-off"]["status"] == "kl_disabled"
+    buggy = by_name["grpo-buggy"]
+    assert len(buggy["members"]) == 2 and all(m["kind"] == "tensorboard" for m in buggy["members"])
+    assert buggy["members"][0]["first_step"] == 1 and buggy["members"][1]["first_step"] == 41
+    [b] = buggy["boundaries"]
+    assert "new_event_file" in b["evidence"] and "time_gap" in b["evidence"]
+    assert b["resumed_from_step"] == 40 and b["kl_after"] < 0.2 * b["kl_before"]
+
+
+def test_markdown_and_junit_outputs(runs, tmp_path):
+    junit = tmp_path / "klwatch.xml"
+    out = klwatch("scan", runs, "--format", "markdown", "--junit", junit)
+    assert out.returncode == 1
+    assert out.stdout.startswith("| run |") and "**reference_reset**" in out.stdout
+    suite = ET.parse(junit).getroot()
+    assert suite.get("tests") == "5" and suite.get("failures") == "2"
+    failed = {c.get("name") for c in suite.iter("testcase") if c.find("failure") is not None}
+    assert failed == {"grpo-buggy", "grpo-ratchet"}
+
+
+def test_pattern_keeps_only_matching_runs_and_exit_follows(runs):
+    out = klwatch("scan", f"{runs}#grpo-fixed", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert [lin["name"] for lin in json.loads(out.stdout)["lineages"]] == ["grpo-fixed"]
+
+
+def test_intentional_reset_flag_turns_the_reset_into_intentional(runs):
+    out = klwatch("scan", f"{runs}#grpo-buggy", "--intentional-reset", "41", "--format", "json")
+    assert out.returncode == 0
+    [lin] = json.loads(out.stdout)["lineages"]
+    assert lin["status"] == "intentional" and lin["boundaries"][0]["verdict"] == "intentional"
+
+
+def test_metric_option_overrides_and_missing_metric_is_reported(runs):
+    out = klwatch("scan", f"{runs}#grpo-buggy", "--metric", "nope/*", "--format", "json")
+    [lin] = json.loads(out.stdout)["lineages"]
+    assert lin["status"] == "no_kl_metric" and out.returncode == 0
+
+
+def test_bad_input_is_named_and_the_rest_is_judged(runs, tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "events.out.tfevents.123.host").write_bytes(b"")
+    good = sorted((runs / "grpo-fixed").iterdir())[0]
+    corrupt = bytearray(good.read_bytes())
+    corrupt[60] ^= 0xFF
+    (bad / "events.out.tfevents.456.host").write_bytes(bytes(corrupt))
+    out = klwatch("scan", runs, bad, "--format", "json")
+    assert out.returncode == 1  # a reset elsewhere still wins
+    report = json.loads(out.stdout)
+    check_report(report)
+    errors = [lin for lin in report["lineages"] if lin["status"] == "error"]
+    assert len(errors) == 2 and all("events.out.tfevents" in lin["error"] for lin in errors)
+    assert "events.out.tfevents.123.host" in out.stderr and "events.out.tfevents.456.host" in out.stderr
+    out = klwatch("scan", runs / "grpo-fixed", bad, "--format", "json")
+    assert out.returncode == 3
+
+
+def test_nothing_readable_and_bad_usage_exit_2(tmp_path):
+    assert klwatch("scan", tmp_path / "missing").returncode == 2
+    assert klwatch("scan", tmp_path, "--format", "yaml").returncode == 2
+    assert klwatch("scan").returncode == 2
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = klwatch("scan", empty)
+    assert out.returncode == 2 and "no runs found" in out.stderr
+
+
+def test_scan_never_modifies_what_it_reads(runs):
+    def digest() -> dict[str, str]:
+        return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() + str(p.stat().st_mtime_ns)
+                for p in sorted(runs.rglob("*")) if p.is_file()}
+
+    before = digest()
+    klwatch("scan", runs, "--format", "json")
+    assert digest() == before
