@@ -1,0 +1,370 @@
+"""klwatch dashboard: every training run, every resume boundary, the KL drop you cannot miss.
+
+    streamlit run dashboard/app.py -- [SOURCE...]      (or: klwatch dashboard [SOURCE...])
+
+A thin face over ``detectors.pipeline`` (through the cached layers of ``dashboard.data``): nothing
+here decides a verdict. The selected run, the filters, the added sources, the metric choice and any
+changed threshold live in the URL's query parameters, so a link opens the same view.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parent.parent
+if str(_ROOT) not in sys.path:  # `streamlit run dashboard/app.py` from a checkout that is not installed
+    sys.path.insert(0, str(_ROOT))
+
+import streamlit as st  # noqa: E402
+
+from dashboard import charts, data  # noqa: E402
+from detectors.model import LineageResult  # noqa: E402
+from detectors.pipeline import ScanConfig  # noqa: E402
+from detectors.reference_reset import ReferenceResetConfig  # noqa: E402
+from detectors.report import lineage_dict, to_dict  # noqa: E402
+
+# Newline-separated SOURCEs, for running the app without command-line arguments (tests, containers).
+SOURCES_ENV = "KLWATCH_DASHBOARD_SOURCES"
+
+STATUS_ICON = {"reference_reset": ":red[:material/error:]", "ok": ":green[:material/check_circle:]",
+               "intentional": ":blue[:material/info:]", "error": ":red[:material/block:]",
+               "no_kl_metric": ":gray[:material/help:]", "kl_disabled": ":gray[:material/do_not_disturb_on:]",
+               "insufficient_data": ":orange[:material/hourglass_empty:]"}
+VERDICT_ICON = {"reference_reset": ":material/error:", "ok": ":material/check_circle:", "intentional": ":material/info:",
+                "inconclusive": ":material/help:"}
+BADGE_COLOR = {"reference_reset": "red", "ok": "green", "intentional": "blue", "error": "red",
+               "insufficient_data": "orange", "no_kl_metric": "gray", "kl_disabled": "gray"}
+ALL_STATUSES = ["reference_reset", "ok", "intentional", "error", "insufficient_data", "no_kl_metric", "kl_disabled"]
+
+# The detector thresholds on the sidebar: (field, label, min, max, step, shown without expanding).
+THRESHOLDS: list[tuple[str, str, float, float, float, bool]] = [
+    ("reset_score", "Reset when score ≥", 0.5, 1.0, 0.01, True),
+    ("ok_score", "OK when score ≤", 0.0, 0.5, 0.01, True),
+    ("low_fraction", "'Low' below this fraction of the KL before", 0.05, 0.95, 0.05, True),
+    ("min_low_points", "Low points needed after the resume", 1, 10, 1, True),
+    ("grown_fraction", "KL must have grown to this fraction of typical", 0.0, 0.5, 0.01, False),
+    ("window_before", "Points compared before", 5, 100, 1, False),
+    ("window_after", "Points compared after", 2, 50, 1, False),
+    ("min_points_before", "Fewest points before", 2, 50, 1, False),
+    ("min_points_after", "Fewest points after", 1, 20, 1, False),
+    ("prior", "Prior probability of a reset", 0.01, 0.99, 0.01, False),
+]
+_DEFAULTS = ReferenceResetConfig()
+
+
+def command_line_sources() -> list[str]:
+    """The SOURCEs after ``--`` of ``streamlit run app.py -- ...``, else $KLWATCH_DASHBOARD_SOURCES, else sample_runs/."""
+    if sys.argv and sys.argv[0] and Path(sys.argv[0]).resolve() == Path(__file__).resolve() and len(sys.argv) > 1:
+        return list(sys.argv[1:])
+    env = os.environ.get(SOURCES_ENV, "")
+    specs = [s.strip() for s in env.splitlines() if s.strip()]
+    return specs or data.default_sources()
+
+
+def _parse_threshold(field: str, raw: str) -> float | int | None:
+    spec = next(t for t in THRESHOLDS if t[0] == field)
+    try:
+        value = int(raw) if isinstance(getattr(_DEFAULTS, field), int) else float(raw)
+    except ValueError:
+        return None
+    return value if spec[2] <= value <= spec[3] else None
+
+
+def init_state() -> None:
+    """Once per browser session: start from the link's query parameters."""
+    ss = st.session_state
+    if ss.get("_initialised"):
+        return
+    qp = st.query_params
+    ss["_initialised"] = True
+    ss["added_sources"] = [s for s in qp.get_all("src") if s.strip()]
+    ss["metrics"] = [m for m in qp.get_all("metric") if m.strip()]
+    ss["only_flagged"] = qp.get("flagged") == "1"
+    ss["statuses"] = [s for s in qp.get_all("status") if s in ALL_STATUSES]
+    if qp.get("run"):
+        ss["run"] = qp.get("run")
+        ss["_linked_run"] = qp.get("run")
+    for field, *_ in THRESHOLDS:
+        ss[f"rr_{field}"] = getattr(_DEFAULTS, field)
+        if field in qp:
+            value = _parse_threshold(field, qp[field])
+            if value is not None:
+                ss[f"rr_{field}"] = value
+
+
+def sync_url(*, run: str | None) -> None:
+    """Write the shareable state to the URL (only what differs from the defaults)."""
+    ss = st.session_state
+    want: dict[str, str | list[str] | None] = {
+        "run": run,
+        "flagged": "1" if ss.get("only_flagged") else None,
+        "status": list(ss.get("statuses") or []),
+        "src": list(ss.get("added_sources") or []),
+        "metric": list(ss.get("metrics") or []),
+    }
+    for field, *_ in THRESHOLDS:
+        value = ss.get(f"rr_{field}")
+        want[field] = None if value == getattr(_DEFAULTS, field) else str(value)
+    qp = st.query_params
+    for key, value in want.items():
+        if value in (None, "", []):
+            if key in qp:
+                del qp[key]
+        elif isinstance(value, list):
+            if qp.get_all(key) != value:
+                qp[key] = value
+        elif qp.get(key) != value:
+            qp[key] = value
+
+
+def _add_source() -> None:
+    spec = st.session_state.get("new_source", "").strip()
+    if spec and spec not in st.session_state["added_sources"]:
+        st.session_state["added_sources"] = [*st.session_state["added_sources"], spec]
+    st.session_state["new_source"] = ""
+
+
+def _remove_source(spec: str) -> None:
+    st.session_state["added_sources"] = [s for s in st.session_state["added_sources"] if s != spec]
+
+
+def _reset_thresholds() -> None:
+    for field, *_ in THRESHOLDS:
+        st.session_state[f"rr_{field}"] = getattr(_DEFAULTS, field)
+
+
+def _pick_from_table() -> None:
+    rows = st.session_state["fleet_table"].selection.rows
+    keys = st.session_state.get("_table_keys", [])
+    if rows and rows[0] < len(keys):
+        st.session_state["run"] = keys[rows[0]]
+
+
+def _pick_from_picture() -> None:
+    points = st.session_state["fleet_picture"].selection.points
+    if points and points[0].get("customdata"):
+        st.session_state["run"] = points[0]["customdata"][0]
+
+
+def sidebar_sources(base: list[str]) -> st.delta_generator.DeltaGenerator:
+    """The source list (statuses filled in once read) and the form to add one."""
+    sb = st.sidebar
+    sb.header("Sources")
+    box = sb.container()
+    sb.text_input("Add a source", key="new_source", on_change=_add_source,
+                  placeholder="path, wandb://entity/project, mlflow://host:port",
+                  help="A local file or folder (TensorBoard, W&B run folders, MLflow stores, tables, checkpoints), "
+                       "wandb://ENTITY/PROJECT[/RUN] or mlflow://HOST:PORT[/EXPERIMENT]; end with #PATTERN to keep "
+                       "matching runs. Press Enter to add.")
+    c1, c2 = sb.columns(2)
+    c1.button("Add", on_click=_add_source, width="stretch")
+    c2.button("Reload", on_click=data.clear_caches, width="stretch",
+              help="Read every source again (local sources are re-read by themselves when their files change; "
+                   f"remote ones every {int(data.REMOTE_TTL_SECONDS)} s).")
+    return box
+
+
+def sidebar_config(specs: list[str]) -> ScanConfig:
+    """Metric choice and detector thresholds -> the one ScanConfig the pipeline takes."""
+    sb = st.sidebar
+    sb.header("KL metric")
+    names: set[str] = set()
+    for spec in specs:
+        names.update(data.metric_names_cached(spec, data.fingerprint(spec)))
+    current = st.session_state.get("metrics") or []
+    sb.multiselect("KL metric (name or glob)", sorted(names | set(current)), key="metrics", accept_new_options=True,
+                   placeholder="recognised reference-KL names",
+                   help="Empty: the reference-KL names of the major frameworks (train/kl_penalty, kl, actor/kl_loss, ...). "
+                        "Type a name or a glob to pick another.")
+    sb.header("Detector thresholds")
+    values: dict[str, float | int] = {}
+    more = sb.expander("More thresholds")
+    for field, label, lo, hi, step, main in THRESHOLDS:
+        where = sb if main else more
+        is_int = isinstance(getattr(_DEFAULTS, field), int)
+        cast = int if is_int else float
+        values[field] = where.slider(label, min_value=cast(lo), max_value=cast(hi), step=cast(step),
+                                     key=f"rr_{field}", help=_help(field))
+    sb.button("Default thresholds", on_click=_reset_thresholds)
+    if values["ok_score"] >= values["reset_score"]:
+        sb.warning("The OK score is at or above the reset score: every high score is judged a reset first.")
+    rr = dataclasses.replace(_DEFAULTS, **values)
+    return ScanConfig(metrics=tuple(st.session_state.get("metrics") or ()), reference_reset=rr)
+
+
+def _help(field: str) -> str | None:
+    doc = {f.name: f for f in dataclasses.fields(ReferenceResetConfig)}
+    return f"ReferenceResetConfig.{field} (default {doc[field].default})"
+
+
+def show_sources(box: st.delta_generator.DeltaGenerator, fleet: data.Fleet, base: list[str]) -> None:
+    """Each source with what was found in it, or its error, in place."""
+    by_spec = {s.spec: s for s in fleet.scan.sources}
+    for spec in [*base, *st.session_state["added_sources"]]:
+        read = by_spec.get(spec)
+        row = box.container(border=True)
+        cols = row.columns([5, 1]) if spec in st.session_state["added_sources"] else [row, None]
+        name = Path(spec).name if not data.is_remote(spec) and Path(spec).name else spec
+        if read is None:
+            cols[0].markdown(f"**{name}**")
+        elif read.errors and not read.segments:
+            cols[0].markdown(f"**{name}**")
+            cols[0].error("; ".join(e.message for e in read.errors), icon=":material/warning:")
+        else:
+            n_runs = sum(1 for s in fleet.source_of if s == spec)
+            cols[0].markdown(f"**{name}** · {n_runs} run(s) · {', '.join(read.kinds) or 'nothing'}",
+                             help=spec)
+            if read.errors:
+                cols[0].warning(f"{len(read.errors)} part(s) unreadable: " + "; ".join(e.message for e in read.errors[:3]))
+        if cols[1] is not None:
+            cols[1].button("✕", key=f"rm::{spec}", on_click=_remove_source, args=(spec,), help=f"Remove {spec}")
+
+
+def show_source_errors(fleet: data.Fleet) -> None:
+    """Main area: a source that cannot be read says so where the user is looking."""
+    for read in fleet.scan.sources:
+        if read.errors and not read.segments:
+            st.error(f"**{read.spec}** could not be read: " + "; ".join(e.message for e in read.errors), icon=":material/warning:")
+        elif read.errors:
+            with st.expander(f":material/warning: {read.spec}: {len(read.errors)} part(s) could not be read"):
+                for e in read.errors:
+                    st.markdown(f"- {e.message}")
+
+
+def show_fleet(fleet: data.Fleet, config: ScanConfig) -> None:
+    counts = fleet.status_counts()
+    ranked = sorted(counts, key=lambda k: ALL_STATUSES.index(k) if k in ALL_STATUSES else len(ALL_STATUSES))
+    st.markdown(" ".join(f":{BADGE_COLOR.get(k, 'gray')}-badge[{k}: **{counts[k]}**]" for k in ranked)
+                or "No training runs found.")
+    points = data.boundary_points(fleet)
+    if not points.empty:
+        st.plotly_chart(charts.fleet_figure(points, thresholds=config.reference_reset), key="fleet_picture",
+                        on_select=_pick_from_picture, selection_mode="points",
+                        config={"displaylogo": False})
+    c1, c2 = st.columns([1, 3])
+    c1.toggle("Only flagged", key="only_flagged", help="Only runs with a boundary judged reference_reset.")
+    c2.multiselect("Status", ALL_STATUSES, key="statuses", placeholder="every status", label_visibility="collapsed")
+    df = data.fleet_table(fleet)
+    if st.session_state.get("only_flagged"):
+        df = df[df["status"] == data.FLAGGED]
+    if st.session_state.get("statuses"):
+        df = df[df["status"].isin(st.session_state["statuses"])]
+    order = {s: i for i, s in enumerate(ALL_STATUSES)}
+    df = df.sort_values(["status", "worst score"], key=lambda c: c.map(order) if c.name == "status" else -c.fillna(-1))
+    df = df.reset_index(drop=True)
+    st.session_state["_table_keys"] = list(df["key"])
+    styled = df.style.map(lambda s: f"color: {charts.STATUS_COLORS.get(s, '#555')}; font-weight: 600", subset=["status"])
+    st.dataframe(
+        styled, key="fleet_table", placeholder="-", on_select=_pick_from_table, selection_mode="single-row", hide_index=True,
+        height=min(38 + 35 * max(len(df), 1), 420),
+        column_order=["run", "status", "trackers", "segments", "resumes", "worst score", "KL before", "KL after",
+                      "at step", "last step", "metric", "error"],
+        column_config={
+            "worst score": st.column_config.ProgressColumn("worst score", min_value=0.0, max_value=1.0, format="%.2f"),
+            "KL before": st.column_config.NumberColumn("KL before", format="%.3g",
+                                                       help="KL level before the worst-scoring resume"),
+            "KL after": st.column_config.NumberColumn("KL after", format="%.3g",
+                                                      help="first KL after the worst-scoring resume"),
+            "at step": st.column_config.NumberColumn("at step", help="step of the worst-scoring resume"),
+        },
+    )
+    st.caption(f"{len(df)} of {len(fleet.keys)} training run(s) shown. Click a row (or a point above) to open it.")
+    st.download_button("Download JSON report", data=lambda: json.dumps(to_dict(fleet.scan), indent=2) + "\n",
+                       file_name="klwatch-report.json", mime="application/json", icon=":material/download:", on_click="ignore")
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def show_run(key: str, result: LineageResult) -> None:
+    lin = result.lineage
+    report = lineage_dict(result)
+    st.header(f"{STATUS_ICON.get(result.status, '')} {lin.name}")
+    trackers = ", ".join(dict.fromkeys(s.kind for s in lin.segments))
+    st.markdown(f":{BADGE_COLOR.get(result.status, 'gray')}-badge[{result.status}] · metric `{result.metric or '-'}` · "
+                f"{trackers} · {len(lin.segments)} segment(s) · {len(lin.boundaries)} resume(s)")
+    if result.error:
+        st.error(result.error, icon=":material/warning:")
+    names = [n for n in lin.metric_names() if not n.startswith("_") and n != result.metric]
+    linked = st.multiselect("Panels below the KL (same step axis)", names,
+                            default=charts.pick_linked_metrics(names, exclude=[result.metric or ""]),
+                            key=f"linked::{key}")
+    if result.metric or linked:
+        fig = charts.run_figure(result, linked=linked)
+        st.plotly_chart(fig, key="run_chart", config=charts.plot_config(lin.name))
+        c1, c2 = st.columns([1, 3])
+        c1.download_button("Download chart (HTML)", data=lambda: charts.figure_html(fig, filename=lin.name),
+                           file_name=f"{charts.plot_config(lin.name)['toImageButtonOptions']['filename']}.html",
+                           mime="text/html", icon=":material/download:", on_click="ignore")
+        c2.caption("PNG: the camera icon in the chart's toolbar. Hover a point for its step, value, wall time and segment.")
+    st.subheader("Resume boundaries")
+    if not report["boundaries"]:
+        st.caption("No resume found in this run.")
+    for b in report["boundaries"]:
+        with st.expander(f"step {b['step']} · {b['verdict']} · score {b['score']:.2f} · "
+                         f"KL {_fmt(b['kl_before'])} → {_fmt(b['kl_after'])}", icon=VERDICT_ICON.get(b["verdict"])):
+            st.markdown(b["explanation"])
+            st.markdown("**Evidence:** " + " ".join(f"`{e}`" for e in b["evidence"]) +
+                        f" · resumed from step {b['resumed_from_step'] if b['resumed_from_step'] is not None else 'unknown'}")
+            if b["window_before"] or b["window_after"]:
+                st.markdown(f"Compared steps {_window(b['window_before'])} (before) with {_window(b['window_after'])} (after).")
+            st.json(b, expanded=False)
+    st.subheader("Findings")
+    if not result.findings:
+        st.caption("No other detector reported anything.")
+    for f in result.findings:
+        where = f" (step {f.step})" if f.step is not None else ""
+        text = f"**{f.detector}**{where}: {f.message}"
+        {"error": st.error, "warning": st.warning}.get(f.severity, st.info)(text)
+    with st.expander("Members (tracker runs, files, checkpoints)"):
+        st.dataframe(report["members"], hide_index=True)
+        for w in report["warnings"]:
+            st.warning(w)
+    with st.expander("Run config"):
+        if lin.config:
+            st.json(lin.config, expanded=1)
+        else:
+            st.caption("No config was logged.")
+
+
+def _window(w: list[int] | None) -> str:
+    return "-" if not w else f"{w[0]}–{w[1]}"
+
+
+def main() -> None:
+    st.set_page_config(page_title="klwatch dashboard", page_icon="📉", layout="wide")
+    init_state()
+    base = command_line_sources()
+    box = sidebar_sources(base)
+    specs = list(dict.fromkeys([*base, *st.session_state["added_sources"]]))
+    config = sidebar_config(specs)
+    with st.spinner("Reading sources ..."):
+        fleet = data.load_fleet(specs, config=config)
+    show_sources(box, fleet, base)
+
+    st.title("klwatch: resume boundaries")
+    show_source_errors(fleet)
+    show_fleet(fleet, config)
+
+    runs = fleet.runs
+    run_key: str | None = None
+    if runs:
+        wanted = st.session_state.get("run")
+        if wanted not in runs:
+            if wanted and st.session_state.get("_linked_run") == wanted:
+                st.warning(f"The run `{wanted}` from the link is not in these sources.")
+            flagged = [k for k, r in runs.items() if r.status == data.FLAGGED]
+            st.session_state["run"] = flagged[0] if flagged else next(iter(runs))
+        st.divider()
+        run_key = st.selectbox("Run", list(runs), key="run",
+                               format_func=lambda k: f"{runs[k].lineage.name} ({runs[k].status})")
+        show_run(run_key, runs[run_key])
+    sync_url(run=run_key)
+
+
+main()

@@ -1,0 +1,215 @@
+"""Plotly figures: the fleet picture and the run view, drawn from pipeline results as they are.
+
+Full fidelity is the rule: a trace is never randomly sampled; past ``max_points`` it is thinned with
+min/max buckets (``detectors.downsample``) so a one-step drop to zero still shows, and long traces are
+drawn with WebGL. Colours carry the verdict everywhere: red reset, green ok, blue intentional,
+amber inconclusive.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from detectors.downsample import minmax_indices
+from detectors.metrics import is_negated
+from detectors.model import LineageResult, Series
+from detectors.reference_reset import ReferenceResetConfig
+from detectors.report import lineage_dict
+
+VERDICT_COLORS = {"reference_reset": "#d62728", "ok": "#2ca02c", "intentional": "#1f77b4", "inconclusive": "#ff9f1c"}
+STATUS_COLORS = {**VERDICT_COLORS, "error": "#7f0000", "no_kl_metric": "#8c8c8c", "kl_disabled": "#b0b0b0",
+                 "insufficient_data": "#bcbd22"}
+VERDICT_LABELS = {"reference_reset": "RESET", "ok": "ok", "intentional": "intentional", "inconclusive": "?"}
+PIECE_COLORS = ["#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd",
+                "#c44e52"]
+
+MAX_POINTS = 4_000
+"""Points drawn per trace before min/max thinning starts."""
+WEBGL_ABOVE = 2_000
+"""Total points in a figure above which traces are drawn with WebGL (Scattergl)."""
+
+# Other series worth seeing under the KL, matched loosely on the last part of the name.
+LINKED_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("loss", re.compile(r"(^|[_/.\-])(loss|pg_loss|policy_loss|actor_loss)$", re.I)),
+    ("reward", re.compile(r"(reward|score)s?([_/.\-](mean|avg))?$", re.I)),
+    ("learning rate", re.compile(r"(^|[_/.\-])(lr|learning_rate|learning-rate|learningrate)(_\w+)?$", re.I)),
+    ("grad norm", re.compile(r"grad(ient)?[_\-]?norm", re.I)),
+    ("entropy", re.compile(r"entropy", re.I)),
+)
+
+
+def pick_linked_metrics(names: Sequence[str], *, exclude: Sequence[str] = ()) -> list[str]:
+    """One series per kind (loss, reward, learning rate, grad norm, entropy) when the run logs it.
+
+    Names are matched loosely (``train/loss``, ``actor/pg_loss``, ``optim/lr``, ``grad_norm``,
+    ``actor/entropy``); among several, the shortest name wins (the headline, not a breakdown). KL
+    series and bookkeeping series (``_runtime``) are never picked.
+    """
+    chosen: list[str] = []
+    pool = [n for n in names if not n.startswith("_") and n not in exclude and "kl" not in n.lower()]
+    for _, pattern in LINKED_KINDS:
+        matches = [n for n in pool if pattern.search(n) and n not in chosen]
+        if matches:
+            chosen.append(min(matches, key=lambda n: (len(n), n)))
+    return chosen
+
+
+def _wall_strings(wall_times: np.ndarray | None, n: int) -> np.ndarray:
+    if wall_times is None:
+        return np.full(n, "-", dtype=object)
+    stamps = pd.to_datetime(pd.Series(wall_times), unit="s", utc=True, errors="coerce")
+    return stamps.dt.strftime("%Y-%m-%d %H:%M:%S UTC").fillna("-").to_numpy(dtype=object)
+
+
+def _thin(series: Series, max_points: int) -> Series:
+    if len(series) <= max_points:
+        return series
+    return series.take(minmax_indices(series.values, max_points=max_points))
+
+
+def _trace(series: Series, *, name: str, color: str, segment: str, metric: str, webgl: bool,
+           showlegend: bool, legendgroup: str) -> go.Scatter | go.Scattergl:
+    cls = go.Scattergl if webgl else go.Scatter
+    custom = np.stack([_wall_strings(series.wall_times, len(series)), np.full(len(series), segment, dtype=object)],
+                      axis=-1) if len(series) else None
+    return cls(
+        x=series.steps, y=series.values, mode="lines+markers" if len(series) <= 300 else "lines",
+        name=name, legendgroup=legendgroup, showlegend=showlegend,
+        line={"color": color, "width": 1.6}, marker={"color": color, "size": 4},
+        customdata=custom,
+        hovertemplate=(f"<b>{metric}</b><br>step %{{x}}<br>value %{{y:.4g}}<br>%{{customdata[0]}}"
+                       "<br>segment %{customdata[1]}<extra></extra>"),
+    )
+
+
+def run_figure(result: LineageResult, *, linked: Sequence[str] = (), max_points: int = MAX_POINTS,
+               webgl_above: int = WEBGL_ABOVE) -> go.Figure:
+    """The KL over the whole training run, one colour per piece, every resume boundary marked.
+
+    Each boundary is a vertical line through all panels, coloured and labelled with its verdict and
+    score; the windows the detector compared are shaded on the KL panel (before in grey, after in
+    the verdict's colour). Panels below share the x axis (step) and show ``linked`` series.
+    """
+    lin = result.lineage
+    metric = result.metric or lin.kl_metric
+    panels = ([metric] if metric else []) + [m for m in linked if m != metric]
+    rows = max(1, len(panels))
+    heights = [0.55] + [0.45 / (rows - 1)] * (rows - 1) if rows > 1 else [1.0]
+    titles = [(f"−{p} (logged negated)" if i == 0 and p == metric and is_negated(p) else p) for i, p in enumerate(panels)]
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.04 if rows > 1 else 0.0,
+                        row_heights=heights, subplot_titles=titles or None)
+    total = sum(len(p[m]) for p in lin.pieces for m in panels if m in p)
+    webgl = total > webgl_above
+    thinned = False
+    for row, m in enumerate(panels, start=1):
+        for i, piece in enumerate(lin.pieces):
+            s = piece.get(m)
+            if s is None or not len(s):
+                continue
+            if m == metric and is_negated(m):
+                s = Series(s.steps, -s.values, s.wall_times)
+            drawn = _thin(s, max_points)
+            thinned |= len(drawn) < len(s)
+            seg_i = lin.piece_segments[i] if i < len(lin.piece_segments) else 0
+            seg_ref = lin.segments[seg_i].ref if seg_i < len(lin.segments) else "?"
+            fig.add_trace(_trace(drawn, name=f"piece {i + 1}: {seg_ref.rstrip('/').rsplit('/', 1)[-1]}", color=PIECE_COLORS[i % len(PIECE_COLORS)],
+                                 segment=seg_ref, metric=m, webgl=webgl, showlegend=row == 1,
+                                 legendgroup=f"piece{i}"), row=row, col=1)
+    for k, b in enumerate(lineage_dict(result)["boundaries"]):
+        color = VERDICT_COLORS.get(b["verdict"], "#555")
+        fig.add_shape(type="line", xref="x", yref="paper", x0=b["step"], x1=b["step"], y0=0, y1=1,
+                      line={"color": color, "width": 2, "dash": "dash"}, layer="above")
+        label = f"{VERDICT_LABELS.get(b['verdict'], b['verdict'])} {b['score']:.2f}"
+        fig.add_annotation(x=b["step"], xref="x", y=1.0 + (0.07 if k % 2 else 0.0), yref="y domain" if panels else "paper",
+                           text=f"<b>{label}</b>", showarrow=False, yanchor="bottom",
+                           font={"color": "white", "size": 11}, bgcolor=color, borderpad=2,
+                           hovertext=f"step {b['step']}: {b['explanation']}")
+        if panels and panels[0] == metric:
+            for window, fill in ((b.get("window_before"), "rgba(120,120,120,0.14)"),
+                                 (b.get("window_after"), _rgba(color, 0.16))):
+                if window:
+                    lo, hi = window
+                    if lo == hi:
+                        lo, hi = lo - 0.5, hi + 0.5
+                    fig.add_shape(type="rect", xref="x", yref="y domain", x0=lo, x1=hi, y0=0, y1=1,
+                                  fillcolor=fill, line={"width": 0}, layer="below")
+    title = f"{lin.name}: {result.status}"
+    if thinned:
+        title += f"  (long series: min/max of each bucket drawn, ≤{max_points:,} points per piece)"
+    fig.update_layout(
+        title={"text": title, "font": {"size": 15}}, height=430 + 170 * (rows - 1), hovermode="closest",
+        margin={"l": 60, "r": 20, "t": 90, "b": 95},
+        legend={"orientation": "h", "x": 0.0, "y": 0.0, "yanchor": "bottom", "yref": "container", "font": {"size": 11}},
+        uirevision=lin.id,
+    )
+    fig.update_xaxes(showspikes=True, spikemode="across", spikesnap="cursor", spikethickness=1)
+    fig.update_xaxes(title_text=lin.step_axis or "step", row=rows, col=1)
+    for ann in fig.layout.annotations:  # subplot titles: top left of their panel, clear of the boundary labels
+        if ann.text in titles:
+            ann.update(x=0.0, xanchor="left", font={"size": 12, "color": "#444"})
+    return fig
+
+
+def _rgba(hex_color: str, alpha: float) -> str:
+    h = hex_color.lstrip("#")
+    r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def fleet_figure(points: pd.DataFrame, *, thresholds: ReferenceResetConfig) -> go.Figure:
+    """Every boundary of every run: KL after/before (log) against the detector's score.
+
+    Resets gather at the bottom right (KL collapsed, high score), healthy resumes near ratio 1 on the
+    left; the dashed lines are the current thresholds, so moving a slider moves the picture's cut.
+    """
+    fig = go.Figure()
+    floor = 1e-4
+    for verdict, color in VERDICT_COLORS.items():
+        sub = points[points["verdict"] == verdict]
+        if sub.empty:
+            continue
+        ratio = sub["ratio"].astype("float64").fillna(1.0).clip(lower=floor)
+        fig.add_trace(go.Scatter(
+            x=sub["score"], y=ratio, mode="markers", name=f"{verdict} ({len(sub)})",
+            marker={"color": color, "size": 10, "opacity": 0.8, "line": {"width": 1, "color": "white"}},
+            customdata=np.stack([sub["key"], sub["run"], sub["step"].astype(str),
+                                 sub["kl_before"].map(_fmt), sub["kl_after"].map(_fmt)], axis=-1),
+            hovertemplate=("<b>%{customdata[1]}</b><br>resume at step %{customdata[2]}<br>"
+                           "KL %{customdata[3]} → %{customdata[4]}<br>after/before %{y:.3g}<br>"
+                           "score %{x:.2f}<extra></extra>"),
+        ))
+    fig.add_hline(y=thresholds.low_fraction, line={"dash": "dot", "color": "#888", "width": 1},
+                  annotation_text="low", annotation_position="bottom left")
+    for x, label in ((thresholds.ok_score, "ok ≤"), (thresholds.reset_score, "reset ≥")):
+        fig.add_vline(x=x, line={"dash": "dot", "color": "#888", "width": 1}, annotation_text=label,
+                      annotation_position="top")
+    fig.update_layout(
+        height=280, margin={"l": 60, "r": 20, "t": 30, "b": 40}, hovermode="closest",
+        xaxis={"title": "reset score", "range": [-0.03, 1.03]},
+        yaxis={"title": "KL after / before", "type": "log", "tickvals": [1e-4, 1e-3, 1e-2, 0.1, 0.5, 1, 10],
+               "ticktext": ["≤1e-4", "0.001", "0.01", "0.1", "0.5", "1", "10"]},
+        legend={"orientation": "h", "y": 1.12, "yanchor": "bottom"}, clickmode="event+select",
+    )
+    return fig
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{x:.3g}"
+
+
+def plot_config(filename: str) -> dict:
+    """The chart toolbar: PNG export at twice the screen resolution, named after the run."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", filename).strip("_") or "klwatch-run"
+    return {"displaylogo": False,
+            "toImageButtonOptions": {"format": "png", "filename": safe, "scale": 2}}
+
+
+def figure_html(fig: go.Figure, *, filename: str) -> str:
+    """A self-contained HTML page of the chart (plotly.js inlined: opens offline)."""
+    return fig.to_html(include_plotlyjs=True, full_html=True, config=plot_config(filename))

@@ -1,0 +1,65 @@
+"""``klwatch dashboard [SOURCE...]``: start the Streamlit dashboard (the same app as
+``streamlit run dashboard/app.py``), by default on the repository's ``sample_runs/``.
+
+It only launches Streamlit; the app itself (``dashboard/app.py``) reads the SOURCEs given after ``--``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from .report import EXIT_USAGE
+
+err = Console(stderr=True)
+
+
+def app_path() -> Path:
+    """The dashboard page, found through the installed ``dashboard`` package (or beside ``detectors/``)."""
+    try:
+        import dashboard
+
+        return Path(dashboard.__file__).resolve().parent / "app.py"
+    except ImportError:
+        return Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
+
+
+def default_sources() -> list[str]:
+    """``sample_runs/`` next to the dashboard package, else in the working directory."""
+    here = app_path().parent.parent / "sample_runs"
+    return [str(here if here.is_dir() else Path.cwd() / "sample_runs")]
+
+
+def streamlit_command(*, sources: list[str], port: int, address: str) -> list[str]:
+    """The ``streamlit run`` invocation: headless (no browser opened), no usage statistics sent."""
+    return [sys.executable, "-m", "streamlit", "run", str(app_path()),
+            "--server.headless=true", "--browser.gatherUsageStats=false",
+            f"--server.port={port}", f"--server.address={address}",
+            "--", *sources]
+
+
+def dashboard_command(
+    sources: Annotated[Optional[list[str]], typer.Argument(
+        help="Local paths, wandb://ENTITY/PROJECT[/RUN], mlflow://HOST:PORT[/EXPERIMENT] (default: sample_runs/).",
+        show_default=False)] = None,
+    port: Annotated[int, typer.Option("--port", "-p", min=1, max=65535, help="Port to serve on.")] = 8501,
+    address: Annotated[str, typer.Option("--address", help="Address to bind (0.0.0.0 to share on the network).")] = "127.0.0.1",
+) -> None:
+    """Open the Streamlit dashboard: every training run, every resume boundary, the KL around it."""
+    path = app_path()
+    if not path.is_file():
+        err.print(f"[red]error[/] the dashboard app is missing: {path}")
+        raise typer.Exit(EXIT_USAGE)
+    specs = list(sources or default_sources())
+    err.print(f"klwatch dashboard on http://{'localhost' if address in ('127.0.0.1', '0.0.0.0') else address}:{port} "
+              f"reading {', '.join(specs)} (Ctrl+C to stop)", highlight=False)
+    try:
+        code = subprocess.call(streamlit_command(sources=specs, port=port, address=address))
+    except KeyboardInterrupt:
+        code = 0
+    raise typer.Exit(code)

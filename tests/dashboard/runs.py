@@ -1,0 +1,44 @@
+"""Small TensorBoard fleets for the dashboard tests, written with tensorboardX (a real writer).
+
+Each training run is a folder; each launch writes its own event file, as NeMo-RL and verl do. A
+buggy run's KL restarts from zero after each resume (the reference was rebuilt from the resumed
+weights); a fixed run's KL continues at its level.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def write_run(root: Path, *, name: str, resumes: list[int], buggy: bool, steps: int = 120, seed: int = 0,
+              extra: bool = True) -> Path:
+    """One training run: KL (``train/kl_penalty``) plus loss, reward and learning rate, one event file per launch."""
+    from tensorboardX import SummaryWriter
+
+    rng = np.random.default_rng(seed)
+    folder = root / name
+    starts = [1, *resumes, steps + 1]
+    t0 = 1_760_000_000.0
+    for k in range(len(starts) - 1):
+        writer = SummaryWriter(str(folder), filename_suffix=f".launch{k}", flush_secs=3600, max_queue=10_000)
+        anchor = starts[k] - 1 if (buggy and k) else 0
+        for step in range(starts[k], starts[k + 1]):
+            wall = t0 + step * 10.0 + k * 3_600.0  # an hour between launches
+            kl = 0.05 * (1.0 - np.exp(-(step - anchor) / 30.0)) * float(np.exp(rng.normal(0.0, 0.05)))
+            writer.add_scalar("train/kl_penalty", kl, step, walltime=wall)
+            if extra:
+                writer.add_scalar("train/loss", 1.0 / (1.0 + step / 50.0) + rng.normal(0.0, 0.01), step, walltime=wall)
+                writer.add_scalar("train/reward", 0.2 + step / 200.0 + rng.normal(0.0, 0.02), step, walltime=wall)
+                writer.add_scalar("train/lr", 1e-6, step, walltime=wall)
+        writer.close()
+    return folder
+
+
+def write_fleet(root: Path) -> Path:
+    """A flagged run (two resumes, reference reset at both), a fixed one and one that never restarted."""
+    write_run(root, name="grpo-resume-buggy", resumes=[41, 81], buggy=True, seed=1)
+    write_run(root, name="grpo-resume-fixed", resumes=[41, 81], buggy=False, seed=2)
+    write_run(root, name="grpo-continuous", resumes=[], buggy=False, seed=3)
+    return root
