@@ -6,6 +6,7 @@ It only launches Streamlit; the app itself (``dashboard/app.py``) reads the SOUR
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -45,7 +46,7 @@ def streamlit_command(*, sources: list[str], port: int, address: str) -> list[st
 
 def dashboard_command(
     sources: Annotated[Optional[list[str]], typer.Argument(
-        help="Local paths, wandb://ENTITY/PROJECT[/RUN], mlflow://HOST:PORT[/EXPERIMENT] (default: sample_runs/).",
+        help="Local paths, wandb://ENTITY/PROJECT, mlflow://HOST:PORT (default: sample_runs/).",
         show_default=False)] = None,
     port: Annotated[int, typer.Option("--port", "-p", min=1, max=65535, help="Port to serve on.")] = 8501,
     address: Annotated[str, typer.Option("--address", help="Address to bind (0.0.0.0 to share on the network).")] = "127.0.0.1",
@@ -58,8 +59,13 @@ def dashboard_command(
     specs = list(sources or default_sources())
     err.print(f"klwatch dashboard on http://{'localhost' if address in ('127.0.0.1', '0.0.0.0') else address}:{port} "
               f"reading {', '.join(specs)} (Ctrl+C to stop)", highlight=False)
+    cmd = streamlit_command(sources=specs, port=port, address=address)
+    if os.name == "posix":  # become the server: Ctrl+C and kill reach Streamlit itself, no orphan left behind
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(cmd[0], cmd)
     try:
-        code = subprocess.call(streamlit_command(sources=specs, port=port, address=address))
+        code = subprocess.call(cmd)
     except KeyboardInterrupt:
         code = 0
     raise typer.Exit(code)
