@@ -1,0 +1,288 @@
+"""The TensorBoard reader: every point back exactly, in file order, from real writers' files."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+from tensorboard.util import tensor_util
+
+from detectors.sources import read_source
+from detectors.sources.local import ReadError
+from detectors.sources.tensorboard import read_tensorboard_file
+
+T0 = 1_780_000_000.0
+
+
+def read_one(path: Path, root: Path):
+    (seg,) = read_tensorboard_file(path, ref=str(path.relative_to(root)), source=str(root))
+    return seg
+
+
+def as_written(points: list[tuple[str, int, float, float]]) -> dict[str, tuple[list, list, list]]:
+    """What a reader must give back: per tag, in order, values rounded to float32 as both writers store."""
+    out: dict[str, tuple[list, list, list]] = {}
+    for tag, step, value, wall in points:
+        steps, values, walls = out.setdefault(tag, ([], [], []))
+        steps.append(step)
+        values.append(float(np.float32(value)))
+        walls.append(wall)
+    return out
+
+
+def assert_same(seg, expected: dict[str, tuple[list, list, list]]) -> None:
+    assert list(seg.series) == list(expected)
+    for tag, (steps, values, walls) in expected.items():
+        s = seg.series[tag]
+        assert s.steps.tolist() == steps
+        assert s.values.tolist() == values
+        assert s.wall_times is not None and s.wall_times.tolist() == walls
+
+
+def write_events(folder: Path, events: list[event_pb2.Event]) -> Path:
+    """Hand-built Events through TensorBoard's own EventFileWriter (framing, CRCs, file_version)."""
+    writer = EventFileWriter(str(folder))
+    for ev in events:
+        writer.add_event(ev)
+    writer.close()
+    (path,) = folder.glob("events.out.tfevents.*")
+    return path
+
+
+def scalar_event(tag: str, step: int, wall: float, tensor: tensor_pb2.TensorProto,
+                 metadata: summary_pb2.SummaryMetadata | None = None) -> event_pb2.Event:
+    ev = event_pb2.Event(step=step, wall_time=wall)
+    value = ev.summary.value.add(tag=tag, tensor=tensor)
+    if metadata is not None:
+        value.metadata.CopyFrom(metadata)
+    return ev
+
+
+SCALARS_MD = summary_pb2.SummaryMetadata(
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+
+
+def test_both_scalar_kinds_come_back_exactly_in_file_order(tmp_path: Path, scalar_writer) -> None:
+    points = [("train/kl_penalty", 1, 0.25, T0), ("loss", 1, 3.5, T0 + 0.5),
+              ("train/kl_penalty", 2, 0.125, T0 + 1), ("train/kl_penalty", 2, 0.5, T0 + 2),
+              ("loss", 0, -1e30, T0 + 3), ("train/kl_penalty", -7, 1e-40, T0 + 4)]
+    path = scalar_writer(tmp_path / "run", points)
+    seg = read_one(path, tmp_path)
+    assert_same(seg, as_written(points))
+    assert seg.kind == "tensorboard" and seg.error is None and seg.warnings == []
+
+
+settings_fast = settings(max_examples=40, deadline=None,
+                         suppress_health_check=[HealthCheck.function_scoped_fixture])
+TAGS = ["kl", "train/kl_penalty", "ünï/cödé", "x" * 150]  # the long tag takes the protobuf path
+point = st.tuples(st.sampled_from(TAGS), st.integers(-(2**40), 2**62),
+                  st.floats(width=32, allow_nan=False, allow_infinity=False),
+                  st.floats(0, 4e9, allow_nan=False))
+
+
+@settings_fast
+@given(points=st.lists(point, min_size=1, max_size=60))
+def test_any_scalars_written_come_back_identical(tmp_path: Path, scalar_writer, points) -> None:
+    """Repeated, decreasing, negative and huge steps; any float32; several tags interleaved."""
+    folder = tmp_path / uuid.uuid4().hex
+    path = scalar_writer(folder, points)
+    assert_same(read_one(path, tmp_path), as_written(points))
+
+
+def test_double_int_and_tensor_content_scalars_are_read(tmp_path: Path) -> None:
+    content = tensor_pb2.TensorProto(dtype=1, tensor_shape=tensor_shape_pb2.TensorShapeProto(),
+                                     tensor_content=np.float32(0.75).tobytes())
+    half = tensor_pb2.TensorProto(dtype=19, tensor_shape=tensor_shape_pb2.TensorShapeProto(),
+                                  half_val=[int(np.float16(1.5).view(np.uint16))])
+    events = [
+        scalar_event("d", 1, T0, tensor_util.make_tensor_proto(np.float64(0.1)), SCALARS_MD),
+        scalar_event("d", 2, T0 + 1, tensor_util.make_tensor_proto(np.float64(0.2))),  # no metadata
+        scalar_event("i", 3, T0 + 2, tensor_util.make_tensor_proto(np.int64(2**40)), SCALARS_MD),
+        scalar_event("c", 4, T0 + 3, content, SCALARS_MD),
+        scalar_event("h", 5, T0 + 4, half, SCALARS_MD),
+        # legacy v2 scalar: a rank-0 float tensor with no plugin metadata at all
+        scalar_event("legacy", 6, T0 + 5, tensor_util.make_tensor_proto(np.float32(4.0))),
+    ]
+    seg = read_one(write_events(tmp_path, events), tmp_path)
+    got = {tag: (s.steps.tolist(), s.values.tolist()) for tag, s in seg.series.items()}
+    assert got == {"d": ([1, 2], [0.1, 0.2]), "i": ([3], [2.0**40]), "c": ([4], [0.75]),
+                   "h": ([5], [1.5]), "legacy": ([6], [4.0])}
+
+
+def test_non_scalar_plugins_and_tensors_are_not_series(tmp_path: Path) -> None:
+    hist_md = summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="histograms"))
+    events = [
+        scalar_event("h", 1, T0, tensor_util.make_tensor_proto(np.float32(1.0)), hist_md),
+        scalar_event("h", 2, T0 + 1, tensor_util.make_tensor_proto(np.float32(2.0))),  # inherits
+        scalar_event("vec", 1, T0, tensor_util.make_tensor_proto(np.zeros(3, np.float32)), SCALARS_MD),
+        scalar_event("kl", 1, T0, tensor_util.make_tensor_proto(np.float32(0.5)), SCALARS_MD),
+    ]
+    seg = read_one(write_events(tmp_path, events), tmp_path)
+    assert list(seg.series) == ["kl"]
+
+
+def test_records_of_both_paths_merge_in_file_order(tmp_path: Path) -> None:
+    """Plain scalars are decoded in bulk, the rest by protobuf; the series must interleave them."""
+    events = []
+    for step in range(6):
+        ev = event_pb2.Event(step=step, wall_time=T0 + step)
+        if step % 3 == 1:  # two values in one event: not the bulk layout
+            ev.summary.value.add(tag="kl", simple_value=step)
+            ev.summary.value.add(tag="other", simple_value=-step)
+        elif step % 3 == 2:
+            ev.summary.value.add(tag="kl", tensor=tensor_util.make_tensor_proto(np.float32(step)),
+                                 metadata=SCALARS_MD)
+        else:
+            ev.summary.value.add(tag="kl", simple_value=step)
+        events.append(ev)
+    events.append(event_pb2.Event(step=0, wall_time=0.0, summary=summary_pb2.Summary(
+        value=[summary_pb2.Summary.Value(tag="kl", simple_value=9.0)])))  # step 0 and wall 0 omitted
+    seg = read_one(write_events(tmp_path, events), tmp_path)
+    assert seg.series["kl"].steps.tolist() == [0, 1, 2, 3, 4, 5, 0]
+    assert seg.series["kl"].values.tolist() == [0, 1, 2, 3, 4, 5, 9]
+    assert seg.series["kl"].wall_times.tolist() == [T0 + s for s in range(6)] + [0.0]
+    assert seg.series["other"].values.tolist() == [-1, -4]
+
+
+def test_a_record_shaped_like_a_plain_scalar_but_holding_another_field_is_not_one(
+        tmp_path: Path) -> None:
+    ev = event_pb2.Event(step=1, wall_time=T0)
+    ev.summary.value.add(tag="kl", obsolete_old_style_histogram=b"abc")  # as long as a float
+    seg = read_one(write_events(tmp_path, [ev]), tmp_path)
+    assert seg.series == {}
+
+
+def last_record_size(step: int, value: float, wall: float, tag: str) -> int:
+    ev = event_pb2.Event(step=step, wall_time=wall)
+    ev.summary.value.add(tag=tag, simple_value=value)
+    return len(ev.SerializeToString()) + 16
+
+
+@pytest.mark.parametrize("keep_of_last", [0.5, 5, 12, -1], ids=["mid-data", "mid-header",
+                                                                "header-only", "crc-cut"])
+def test_truncated_file_keeps_whole_records_and_warns(tmp_path: Path, write_tbx,
+                                                      keep_of_last: float) -> None:
+    points = [("kl", s, s / 10, T0 + s) for s in range(10)]
+    path = write_tbx(tmp_path / "run", points)
+    size = last_record_size(9, 0.9, T0 + 9, "kl")
+    data = path.read_bytes()
+    keep = {0.5: size // 2, 5: 5, 12: 12, -1: size - 1}[keep_of_last]
+    path.write_bytes(data[: len(data) - size + keep])
+    seg = read_one(path, tmp_path)
+    assert_same(seg, as_written(points[:9]))
+    assert len(seg.warnings) == 1
+    assert "truncated" in seg.warnings[0] and "run/events.out.tfevents" in seg.warnings[0]
+
+
+@pytest.mark.parametrize("where", ["data", "length"])
+def test_flipped_byte_fails_with_an_error_naming_the_crc_problem(tmp_path: Path, write_tbx,
+                                                                 where: str) -> None:
+    path = write_tbx(tmp_path, [("kl", s, s / 10, T0 + s) for s in range(10)])
+    data = bytearray(path.read_bytes())
+    size = last_record_size(5, 0.5, T0 + 5, "kl")
+    at = len(data) - 4 * size + (20 if where == "data" else 3)  # inside the 7th record
+    data[at] ^= 0x40
+    path.write_bytes(bytes(data))
+    with pytest.raises(ReadError, match="CRC mismatch") as info:
+        read_one(path, tmp_path)
+    assert ("length header" if where == "length" else "data of record") in str(info.value)
+
+
+def test_not_an_event_file_fails_naming_the_crc_problem(tmp_path: Path) -> None:
+    path = tmp_path / "events.out.tfevents.123.host"
+    path.write_text("this is not a TFRecord file, only text that got the name\n" * 3)
+    with pytest.raises(ReadError, match="CRC mismatch.*not a TFRecord"):
+        read_one(path, tmp_path)
+
+
+@pytest.mark.parametrize("content", [b"", b"\x01\x02\x03"], ids=["empty", "shorter-than-header"])
+def test_empty_file_is_an_error(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "events.out.tfevents.123.host"
+    path.write_bytes(content)
+    with pytest.raises(ReadError, match="empty|no whole record"):
+        read_one(path, tmp_path)
+
+
+def test_nan_and_inf_points_are_dropped_with_a_warning(tmp_path: Path, scalar_writer) -> None:
+    points = [("kl", 1, 0.1, T0), ("kl", 2, math.nan, T0 + 1), ("kl", 3, math.inf, T0 + 2),
+              ("kl", 4, 0.4, T0 + 3), ("loss", 1, -math.inf, T0 + 4), ("loss", 2, 1.0, T0 + 5)]
+    seg = read_one(scalar_writer(tmp_path / "r", points), tmp_path)
+    assert_same(seg, as_written([p for p in points if math.isfinite(p[2])]))
+    assert sorted(seg.warnings) == sorted([
+        f"r/{seg.meta['file']}: dropped 2 NaN/inf values of 'kl'",
+        f"r/{seg.meta['file']}: dropped 1 NaN/inf value of 'loss'"])
+
+
+def test_config_text_summaries_become_the_segment_config(tmp_path: Path) -> None:
+    from tensorboardX import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path))
+    writer.add_text("config", json.dumps({"loss": {"reference_reset_interval": 50}, "lr": 1e-6}))
+    writer.add_text("trainer/config", json.dumps({"seed": 3}))
+    writer.add_text("args", json.dumps({"sync_ref_model": True}))  # the HF Trainer's TrainingArguments
+    writer.add_text("notes", json.dumps({"not": "config"}))
+    writer.add_text("model/config", "not json at all")
+    writer.add_scalar("kl", 0.5, 1)
+    writer.close()
+    (path,) = tmp_path.glob("events*")
+    seg = read_one(path, tmp_path)
+    assert seg.config == {"loss": {"reference_reset_interval": 50}, "lr": 1e-6, "seed": 3,
+                          "sync_ref_model": True}
+    assert len(seg.warnings) == 1 and "model/config" in seg.warnings[0]
+    assert seg.series["kl"].values.tolist() == [0.5]
+
+
+def test_hparams_session_start_info_becomes_config(tmp_path: Path) -> None:
+    from tensorboard.plugins.hparams import summary_v2
+    from tensorboardX import SummaryWriter
+
+    ev = event_pb2.Event(wall_time=T0, summary=summary_v2.hparams_pb(
+        {"ref_update_interval": 10, "lr": 0.5, "algo": "grpo", "peft": True}))
+    seg = read_one(write_events(tmp_path / "tb", [ev]), tmp_path)
+    assert seg.config == {"ref_update_interval": 10, "lr": 0.5, "algo": "grpo", "peft": True}
+
+    with SummaryWriter(str(tmp_path / "x")) as writer:  # tensorboardX writes a bare-metadata form
+        writer.add_hparams({"kl_coef": 0.05, "bs": 8}, {"hp/reward": 1.0}, name="trial")
+    (path,) = (tmp_path / "x" / "trial").glob("events*")
+    seg = read_one(path, tmp_path)
+    assert seg.config == {"kl_coef": 0.05, "bs": 8}
+    assert seg.series["hp/reward"].values.tolist() == [1.0]
+
+
+def test_segment_is_named_after_its_run_folder(tmp_path: Path, write_tbx) -> None:
+    nested = write_tbx(tmp_path / "grpo" / "restart-2", [("kl", 5, 0.1, T0 + 5)])
+    seg = read_one(nested, tmp_path)
+    assert (seg.run_id, seg.name, seg.group) == ("grpo/restart-2",) * 3
+    assert seg.store == str((tmp_path / "grpo" / "restart-2").resolve())
+    first = event_pb2.Event.FromString(nested.read_bytes()[12:12 + nested.read_bytes()[0]])
+    assert first.file_version and seg.start_time == first.wall_time
+
+    top = write_tbx(tmp_path / "logs", [("kl", 1, 0.1, T0)])
+    (seg,) = read_tensorboard_file(top, ref=top.name, source=str(tmp_path / "logs"))
+    assert seg.run_id == "logs" and seg.store == str((tmp_path / "logs").resolve())
+
+
+def test_discovery_reads_nested_event_files_and_isolates_a_bad_one(tmp_path: Path, write_tbx,
+                                                                   write_v2) -> None:
+    deep = tmp_path / "a" / "b" / "c" / "d" / "e"
+    write_tbx(deep, [("kl", s, 0.1 * s, T0 + s) for s in range(3)])
+    write_v2(tmp_path / "v2run", [("kl", s, 0.2 * s, T0 + s) for s in range(4)])
+    bad = tmp_path / "broken" / "events.out.tfevents.1.host"
+    bad.parent.mkdir()
+    bad.write_bytes(b"")
+    got = read_source(str(tmp_path))
+    assert got.kinds == ["tensorboard"] and got.errors == []
+    good = {s.run_id: s for s in got.segments if s.error is None}
+    assert {k: len(s.series["kl"]) for k, s in good.items()} == {"a/b/c/d/e": 3, "v2run": 4}
+    (broken,) = [s for s in got.segments if s.error is not None]
+    assert broken.error.startswith(os.path.join("broken", bad.name)) and "empty" in broken.error
