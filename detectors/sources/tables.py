@@ -1,0 +1,353 @@
+"""Read metric tables (``.csv``, ``.jsonl``, ``.parquet``) into Segments.
+
+Two layouts are accepted, told apart by their columns:
+- wide: a step column and one column per metric (a W&B or MLflow export, a pandas dump);
+- long: ``step``, ``tag``/``metric`` and ``value`` columns (what tbparse writes).
+
+An optional wall-time column gives the clock; an optional segment column (``segment``, ``run_id``,
+``run``, ``restart``, ``process``, or tbparse's ``dir_name``) cuts the table into one Segment per
+value, in order of first appearance, because one table often holds every restart of a run.
+
+A missing cell (empty CSV cell, JSON ``null`` or absent key, Parquet null) is "not logged at this
+row", which wide tables are full of; only a cell that holds NaN or inf is a dropped value worth a
+warning. Rows keep their order: a rewind must stay visible.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..model import Segment, Series
+from .local import ReadError
+
+STEP_COLUMNS = ("step", "_step", "global_step", "train/global_step", "iteration")
+WALL_COLUMNS = ("wall_time", "_timestamp", "timestamp", "time")
+SEGMENT_COLUMNS = ("segment", "run_id", "run", "restart", "process", "dir_name")
+NAME_COLUMNS = ("run_name", "name")
+TAG_COLUMNS = ("tag", "metric")
+VALUE_COLUMN = "value"
+
+_NAN_WORDS = {"nan", "+nan", "-nan"}
+_INF_WORDS = {"inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"}
+
+
+@dataclass
+class _Column:
+    """One column as read: the raw cells, which hold something, and which hold a number."""
+
+    raw: np.ndarray
+    present: np.ndarray
+    """The cell holds something (not empty, null or absent)."""
+    numeric: np.ndarray
+    """The cell holds a number (NaN and inf included)."""
+    num: np.ndarray
+    """float64 value of numeric cells, NaN elsewhere."""
+
+
+def read_table(path: Path, *, ref: str, source: str) -> list[Segment]:
+    """One table file -> one Segment per segment value (or one for the whole file)."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    warnings: list[str] = []
+    if suffix == ".csv":
+        columns, nrows = _read_csv(path)
+    elif suffix == ".jsonl":
+        columns, nrows = _read_jsonl(path, ref=ref, warnings=warnings)
+    elif suffix == ".parquet":
+        columns, nrows = _read_parquet(path)
+    else:
+        raise ReadError(f"not a table: unknown suffix {path.suffix!r} (expected .csv, .jsonl, .parquet)")
+    if nrows == 0:
+        raise ReadError(f"empty table: no rows (columns: {_names(columns)})")
+    return _segments(columns, nrows=nrows, path=path, ref=ref, source=source, warnings=warnings)
+
+
+# ---------------------------------------------------------------------------------------- readers
+
+
+def _read_csv(path: Path) -> tuple[dict[str, _Column], int]:
+    """Every cell as text first, so an empty cell (missing) stays apart from a written ``nan``."""
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False)
+    except pd.errors.EmptyDataError as exc:
+        raise ReadError("empty table: the CSV file has no header and no rows") from exc
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise ReadError(f"not a readable CSV table: {exc}") from exc
+    columns: dict[str, _Column] = {}
+    for name in df.columns:
+        text = df[name].str.strip()
+        raw = text.to_numpy(dtype=object)
+        present = (text != "").to_numpy()
+        num = pd.to_numeric(text, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan,
+                                                             copy=True)
+        numeric = present & ~np.isnan(num)
+        nanlike = present & np.isnan(num)
+        if nanlike.any():  # "nan" / "inf" written out count as numbers that are not finite
+            low = text[nanlike].str.lower()
+            is_nan = low.isin(_NAN_WORDS).to_numpy()
+            is_inf = low.isin(_INF_WORDS).to_numpy()
+            idx = np.flatnonzero(nanlike)
+            numeric[idx[is_nan | is_inf]] = True
+            num[idx[is_inf]] = np.where(low[is_inf].str.startswith("-"), -np.inf, np.inf)
+        columns[str(name)] = _Column(raw, present, numeric, num)
+    return columns, len(df)
+
+
+def _read_jsonl(path: Path, *, ref: str, warnings: list[str]) -> tuple[dict[str, _Column], int]:
+    """One JSON object per line; nested objects are flattened with ``.`` (``{"a": {"b": 1}}`` -> ``a.b``)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ReadError(f"not a readable JSONL table: {exc}") from exc
+    lines = text.splitlines()
+    records: list[dict[str, Any]] = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            if i == len(lines) - 1 and not text.endswith("\n"):
+                warnings.append(f"{ref}: truncated last line {i + 1} is not whole JSON (crash "
+                                f"mid-write?); kept {len(records)} rows")
+                break
+            raise ReadError(f"line {i + 1} is not valid JSON: {exc}") from exc
+        if not isinstance(obj, dict):
+            raise ReadError(f"line {i + 1} is a JSON {type(obj).__name__}, not an object")
+        records.append(_flatten(obj))
+    keys: dict[str, None] = {}
+    for rec in records:
+        keys.update(dict.fromkeys(rec))
+    columns: dict[str, _Column] = {}
+    for key in keys:
+        cells = [rec.get(key) for rec in records]
+        raw = np.empty(len(cells), dtype=object)
+        raw[:] = cells
+        present = np.fromiter((c is not None for c in cells), dtype=bool, count=len(cells))
+        numeric = np.fromiter((isinstance(c, (int, float)) and not isinstance(c, bool) for c in cells),
+                              dtype=bool, count=len(cells))
+        num = np.full(len(cells), np.nan)
+        if numeric.any():
+            num[numeric] = [float(c) for c, ok in zip(cells, numeric) if ok]
+        columns[key] = _Column(raw, present, numeric, num)
+    return columns, len(records)
+
+
+def _flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{key}."))
+        else:
+            out[key] = v
+    return out
+
+
+def _read_parquet(path: Path) -> tuple[dict[str, _Column], int]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise ReadError(f"not a readable Parquet table: {exc}") from exc
+    while any(pa.types.is_struct(t) for t in table.schema.types):
+        table = table.flatten()  # nested structs -> "outer.inner" columns
+    columns: dict[str, _Column] = {}
+    for name, col in zip(table.column_names, table.columns):
+        present = ~col.is_null().to_numpy(zero_copy_only=False)
+        kind = col.type
+        if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind):
+            num = col.cast(pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64)
+            num[~present] = np.nan
+            columns[name] = _Column(num.astype(object), present, present.copy(), num)
+        else:
+            raw = np.asarray(col.to_pandas().to_numpy(), dtype=object)
+            n = len(raw)
+            columns[name] = _Column(raw, present, np.zeros(n, dtype=bool), np.full(n, np.nan))
+    return columns, table.num_rows
+
+
+# ------------------------------------------------------------------------------------ the layout
+
+
+def _names(columns: dict[str, _Column]) -> str:
+    names = list(columns)
+    shown = ", ".join(repr(n) for n in names[:20])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > 20 else "") if names else "none"
+
+
+def _find(columns: dict[str, _Column], candidates: tuple[str, ...]) -> str | None:
+    """The first candidate present, matching names case-insensitively."""
+    by_lower: dict[str, str] = {}
+    for name in columns:
+        by_lower.setdefault(name.lower(), name)
+    for cand in candidates:
+        if cand in by_lower:
+            return by_lower[cand]
+    return None
+
+
+def _cell_text(x: Any) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    if isinstance(x, float) and x.is_integer():
+        return str(int(x))
+    return str(x)
+
+
+def _wall_seconds(col: _Column, *, name: str, ref: str, warnings: list[str]) -> np.ndarray | None:
+    """Seconds since the epoch from numbers (s, or ms/us/ns when that large) or datetimes."""
+    if col.numeric.any() and col.numeric.sum() >= col.present.sum() / 2:
+        sec = np.where(col.numeric, col.num, np.nan)
+        finite = sec[np.isfinite(sec)]
+        scale = np.nanmedian(np.abs(finite)) if len(finite) else 0.0
+        if scale > 1e17:
+            sec = sec / 1e9
+        elif scale > 1e14:
+            sec = sec / 1e6
+        elif scale > 1e11:
+            sec = sec / 1e3
+        return sec
+    stamps = pd.to_datetime(pd.Series(col.raw), utc=True, errors="coerce", format="ISO8601")
+    if stamps.isna().all():
+        warnings.append(f"{ref}: wall-time column {name!r} holds neither numbers nor dates; ignored")
+        return None
+    values = stamps.dt.tz_localize(None).to_numpy(dtype="datetime64[ns]")
+    out = values.astype("int64").astype(np.float64) / 1e9
+    out[np.isnat(values)] = np.nan
+    return out
+
+
+def _segments(columns: dict[str, _Column], *, nrows: int, path: Path, ref: str, source: str,
+              warnings: list[str]) -> list[Segment]:
+    step_name = _find(columns, STEP_COLUMNS)
+    if step_name is None:
+        raise ReadError(f"no step column (looked for {', '.join(STEP_COLUMNS)}, any case); "
+                        f"columns found: {_names(columns)}")
+    step_col = columns[step_name]
+    if not step_col.numeric.any():
+        raise ReadError(f"step column {step_name!r} holds no numbers")
+    bad_step = step_col.numeric & ~np.isfinite(step_col.num)
+    finite_steps = step_col.num[step_col.numeric & ~bad_step]
+    if len(finite_steps) and not np.all(finite_steps == np.round(finite_steps)):
+        row = int(np.flatnonzero(step_col.numeric & (step_col.num != np.round(step_col.num)))[0])
+        raise ReadError(f"step column {step_name!r} holds a non-integer step "
+                        f"({step_col.raw[row]!r} at row {row + 1})")
+    has_step = step_col.numeric & ~bad_step
+    if not has_step.all():
+        warnings.append(f"{ref}: {int((~has_step).sum())} rows without a usable step in "
+                        f"{step_name!r} were skipped")
+    steps = np.where(has_step, step_col.num, 0).astype(np.int64)
+
+    wall_name = _find(columns, WALL_COLUMNS)
+    walls = None
+    if wall_name is not None:
+        walls = _wall_seconds(columns[wall_name], name=wall_name, ref=ref, warnings=warnings)
+    seg_name = _find(columns, SEGMENT_COLUMNS)
+    name_name = _find(columns, NAME_COLUMNS)
+    tag_name = _find(columns, TAG_COLUMNS)
+    value_name = _find(columns, (VALUE_COLUMN,))
+    long = tag_name is not None and value_name is not None
+
+    if seg_name is not None:
+        keys = np.array([_cell_text(x) for x in columns[seg_name].raw], dtype=object)
+        codes, uniques = pd.factorize(keys)
+        parts = [(str(u), np.flatnonzero(codes == i)) for i, u in enumerate(uniques)]
+    else:
+        parts = [(None, np.arange(nrows))]
+
+    special = {n for n in (step_name, wall_name, seg_name, name_name, tag_name, value_name) if n}
+    metric_names = [n for n, c in columns.items() if n not in special and c.numeric.any()]
+    group = str(Path(ref).with_suffix("")) if Path(ref).suffix else ref
+    layout = "long" if long else "wide"
+    if not long and not metric_names:
+        warnings.append(f"{ref}: no numeric metric columns besides {step_name!r}")
+
+    segments: list[Segment] = []
+    for k, (value, rows) in enumerate(parts):
+        rows = rows[has_step[rows]]
+        seg_warnings = list(warnings) if k == 0 else []  # file-wide warnings once
+        if long:
+            series = _long_series(columns[tag_name], columns[value_name], rows=rows, steps=steps,
+                                  walls=walls, ref=ref, warnings=seg_warnings)
+        else:
+            series = _wide_series({n: columns[n] for n in metric_names}, rows=rows, steps=steps,
+                                  walls=walls, ref=ref, warnings=seg_warnings)
+        name = None
+        if name_name is not None:
+            names = [_cell_text(x) for x in columns[name_name].raw[rows]]
+            name = next((x for x in names if x), None)
+        if value is None:
+            seg_ref, run_id, shown = ref, group, group
+        elif seg_name.lower() in ("run_id", "run"):
+            seg_ref, run_id, shown = f"{ref}[{seg_name}={value}]", value, value
+        else:  # restarts of the run the file holds
+            seg_ref, run_id, shown = f"{ref}[{seg_name}={value}]", f"{group}[{seg_name}={value}]", group
+        start = None
+        if walls is not None and len(rows):
+            w = walls[rows]
+            w = w[np.isfinite(w)]
+            start = float(w[0]) if len(w) else None
+        meta: dict[str, Any] = {"file": path.name, "layout": layout, "step_column": step_name}
+        if wall_name is not None and walls is not None:
+            meta["wall_time_column"] = wall_name
+        if seg_name is not None:
+            meta["segment_column"] = seg_name
+            meta["segment_value"] = value
+        segments.append(Segment(
+            kind="table", ref=seg_ref, source=source, run_id=run_id, name=name or shown,
+            group=group, series=series, start_time=start, store=str(path.resolve()),
+            warnings=seg_warnings, meta=meta,
+        ))
+    return segments
+
+
+def _series(sel: np.ndarray, *, values: np.ndarray, steps: np.ndarray, walls: np.ndarray | None,
+            label: str, ref: str, warnings: list[str]) -> Series | None:
+    v = values[sel]
+    finite = np.isfinite(v)
+    if not finite.all():
+        bad = int((~finite).sum())
+        warnings.append(f"{ref}: dropped {bad} NaN/inf value{'s' if bad != 1 else ''} of {label!r}")
+        sel, v = sel[finite], v[finite]
+    if not len(sel):
+        return None
+    return Series(steps[sel], v, None if walls is None else walls[sel])
+
+
+def _wide_series(metrics: dict[str, _Column], *, rows: np.ndarray, steps: np.ndarray,
+                 walls: np.ndarray | None, ref: str, warnings: list[str]) -> dict[str, Series]:
+    out: dict[str, Series] = {}
+    for name, col in metrics.items():
+        sel = rows[col.numeric[rows]]
+        s = _series(sel, values=col.num, steps=steps, walls=walls, label=name, ref=ref,
+                    warnings=warnings)
+        if s is not None:
+            out[name] = s
+    return out
+
+
+def _long_series(tags: _Column, values: _Column, *, rows: np.ndarray, steps: np.ndarray,
+                 walls: np.ndarray | None, ref: str, warnings: list[str]) -> dict[str, Series]:
+    rows = rows[tags.present[rows] & values.numeric[rows]]
+    labels = np.array([_cell_text(x) for x in tags.raw[rows]], dtype=object)
+    codes, uniques = pd.factorize(labels)
+    by_tag = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[by_tag], np.arange(len(uniques) + 1))
+    out: dict[str, Series] = {}
+    for i, tag in enumerate(uniques):
+        sel = rows[by_tag[bounds[i]:bounds[i + 1]]]
+        s = _series(sel, values=values.num, steps=steps, walls=walls, label=str(tag), ref=ref,
+                    warnings=warnings)
+        if s is not None:
+            out[str(tag)] = s
+    return out
