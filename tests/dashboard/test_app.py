@@ -1,0 +1,133 @@
+"""The dashboard page driven through Streamlit's AppTest: the fleet, the run view, the URL, the sliders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from detectors.pipeline import scan
+from detectors.reference_reset import ReferenceResetConfig
+
+from .runs import write_fleet
+
+APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
+
+
+@pytest.fixture(scope="module")
+def fleet_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_fleet(tmp_path_factory.mktemp("fleet"))
+
+
+@pytest.fixture(scope="module")
+def run_ids(fleet_dir: Path) -> dict[str, str]:
+    return {r.lineage.name: r.lineage.id for r in scan([str(fleet_dir)]).results}
+
+
+def _app(monkeypatch: pytest.MonkeyPatch, *sources: str, **query: str | list[str]) -> AppTest:
+    monkeypatch.setenv("KLWATCH_DASHBOARD_SOURCES", "\n".join(sources))
+    at = AppTest.from_file(APP, default_timeout=120)
+    for key, value in query.items():
+        at.query_params[key] = value
+    return at.run()
+
+
+def _qp(at: AppTest, key: str) -> list[str]:
+    """A query parameter's values as the URL holds them (AppTest gives a lone value as a string)."""
+    value = at.query_params.get(key, [])
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _table(at: AppTest):
+    return at.dataframe(key="fleet_table").value
+
+
+def _chart_spec(at: AppTest) -> dict:
+    """The run chart (the fleet picture comes first on the page)."""
+    return json.loads(at.get("plotly_chart")[-1].proto.spec)
+
+
+def test_the_page_loads_with_the_flagged_run_first_and_opened(monkeypatch: pytest.MonkeyPatch, fleet_dir: Path,
+                                                              run_ids: dict[str, str]) -> None:
+    at = _app(monkeypatch, str(fleet_dir))
+    assert not at.exception
+    assert not at.error
+    table = _table(at)
+    assert list(table["run"])[0] == "grpo-resume-buggy"
+    assert list(table["status"]) == ["reference_reset", "ok", "ok"]
+    counts = [m.value for m in at.markdown if "-badge[" in m.value][0]
+    assert "reference_reset: **1**" in counts and "ok: **2**" in counts
+    assert at.selectbox(key="run").value == run_ids["grpo-resume-buggy"]
+    assert _qp(at, "run") == [run_ids["grpo-resume-buggy"]]
+    spec = _chart_spec(at)
+    assert sorted(s["x0"] for s in spec["layout"]["shapes"] if s["type"] == "line") == [41, 81]
+
+
+def test_a_link_to_a_run_opens_it_with_its_boundaries(monkeypatch: pytest.MonkeyPatch, fleet_dir: Path,
+                                                      run_ids: dict[str, str]) -> None:
+    at = _app(monkeypatch, str(fleet_dir), run=run_ids["grpo-resume-fixed"])
+    assert at.selectbox(key="run").value == run_ids["grpo-resume-fixed"]
+    assert any(h.value.endswith("grpo-resume-fixed") for h in at.header)
+    labels = [e.label for e in at.expander if e.label.startswith("step ")]
+    assert [label.split(" · ")[:2] for label in labels] == [["step 41", "ok"], ["step 81", "ok"]]
+    spec = _chart_spec(at)
+    markers = [a["text"] for a in spec["layout"]["annotations"] if a["text"].startswith("<b>")]
+    assert [m.split()[0] for m in markers] == ["<b>ok", "<b>ok"]
+    # the panels below the KL were picked from the run's own series
+    assert at.multiselect(key=f"linked::{run_ids['grpo-resume-fixed']}").value == ["train/loss", "train/reward", "train/lr"]
+
+
+def test_a_link_to_a_run_that_is_not_there_warns_and_opens_another(monkeypatch: pytest.MonkeyPatch, fleet_dir: Path,
+                                                                   run_ids: dict[str, str]) -> None:
+    at = _app(monkeypatch, str(fleet_dir), run="tensorboard:gone:gone")
+    assert any("tensorboard:gone:gone" in w.value for w in at.warning)
+    assert at.selectbox(key="run").value == run_ids["grpo-resume-buggy"]
+
+
+def test_moving_a_threshold_changes_the_verdicts_and_the_url(monkeypatch: pytest.MonkeyPatch, fleet_dir: Path) -> None:
+    at = _app(monkeypatch, str(fleet_dir))
+    assert "reference_reset" in set(_table(at)["status"])
+    # 10 low points cannot fit in the 6-point window after a resume: no boundary can be a reset any more
+    at.slider(key="rr_min_low_points").set_value(10).run()
+    assert set(_table(at)["status"]) == {"ok"}
+    labels = [e.label for e in at.expander if e.label.startswith("step ")]
+    assert labels and all(" · inconclusive · " in label for label in labels)
+    assert _qp(at, "min_low_points") == ["10"]
+    [b for b in at.button if b.label == "Default thresholds"][0].click().run()
+    assert at.slider(key="rr_min_low_points").value == ReferenceResetConfig().min_low_points
+    assert "reference_reset" in set(_table(at)["status"])
+    assert "min_low_points" not in at.query_params
+
+
+def test_thresholds_and_filters_come_back_from_the_url(monkeypatch: pytest.MonkeyPatch, fleet_dir: Path) -> None:
+    at = _app(monkeypatch, str(fleet_dir), flagged="1", reset_score="0.99")
+    assert at.toggle(key="only_flagged").value is True
+    assert at.slider(key="rr_reset_score").value == pytest.approx(0.99)
+    assert list(_table(at)["run"]) == ["grpo-resume-buggy"]
+    at.toggle(key="only_flagged").set_value(False).run()
+    assert len(_table(at)) == 3
+    assert "flagged" not in at.query_params
+    at.multiselect(key="statuses").set_value(["ok"]).run()
+    assert list(_table(at)["status"]) == ["ok", "ok"]
+    assert _qp(at, "status") == ["ok"]
+
+
+def test_a_bad_source_shows_its_error_and_the_rest_stays_usable(monkeypatch: pytest.MonkeyPatch, fleet_dir: Path,
+                                                                tmp_path: Path) -> None:
+    missing = str(tmp_path / "nothing-here")
+    at = _app(monkeypatch, missing, str(fleet_dir))
+    assert not at.exception
+    assert any(missing in e.value for e in at.error)
+    assert len(_table(at)) == 3
+    assert at.selectbox(key="run").value  # a run is open
+    # a source added from the sidebar that cannot be read: its error shows, it goes in the URL
+    typo = str(tmp_path / "typo-runs")
+    at.text_input(key="new_source").input(typo).run()
+    assert _qp(at, "src") == [typo]
+    assert any(typo in e.value for e in at.error)
+    assert len(_table(at)) == 3
+    [b for b in at.button if b.key == f"rm::{typo}"][0].click().run()
+    assert "src" not in at.query_params
+    assert not any(typo in e.value for e in at.error)

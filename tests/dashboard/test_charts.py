@@ -1,0 +1,123 @@
+"""The run view's figure: every boundary marked with its verdict, windows shaded, drops never thinned away."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dashboard import charts, data
+from detectors.model import Lineage, LineageResult, Segment, Series
+from detectors.pipeline import ScanConfig
+from detectors.reference_reset import ReferenceResetConfig
+
+from .runs import write_fleet
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> data.Fleet:
+    return data.load_fleet([str(write_fleet(tmp_path_factory.mktemp("fleet")))], config=ScanConfig())
+
+
+def _by_name(fleet: data.Fleet, name: str) -> LineageResult:
+    return next(r for r in fleet.scan.results if r.lineage.name == name)
+
+
+def test_every_boundary_is_a_line_through_all_panels_labelled_with_its_verdict(fleet: data.Fleet) -> None:
+    result = _by_name(fleet, "grpo-resume-buggy")
+    fig = charts.run_figure(result, linked=["train/loss", "train/reward"])
+    lines = [s for s in fig.layout.shapes if s.type == "line"]
+    assert sorted(s.x0 for s in lines) == [v.boundary.step for v in result.verdicts] == [41, 81]
+    assert all(s.yref == "paper" and s.y0 == 0 and s.y1 == 1 for s in lines)
+    assert {s.line.color for s in lines} == {charts.VERDICT_COLORS["reference_reset"]}
+    labels = [a.text for a in fig.layout.annotations if "RESET" in (a.text or "")]
+    assert labels == [f"<b>RESET {v.score:.2f}</b>" for v in result.verdicts]
+    # three panels sharing the step axis, one trace per piece in each
+    assert {t.xaxis for t in fig.data} == {"x", "x2", "x3"}
+    assert fig.layout.xaxis2.matches == "x3" or fig.layout.xaxis.matches == "x3"
+    assert len(fig.data) == 3 * 3
+
+
+def test_the_windows_the_detector_compared_are_shaded(fleet: data.Fleet) -> None:
+    result = _by_name(fleet, "grpo-resume-fixed")
+    fig = charts.run_figure(result)
+    rects = sorted(((s.x0, s.x1) for s in fig.layout.shapes if s.type == "rect"))
+    expected = sorted(w for v in result.verdicts for w in (v.window_before, v.window_after))
+    assert rects == [tuple(w) for w in expected]
+    assert len(rects) == 4
+
+
+def test_hover_gives_step_value_wall_time_and_segment(fleet: data.Fleet) -> None:
+    result = _by_name(fleet, "grpo-resume-buggy")
+    fig = charts.run_figure(result)
+    trace = fig.data[1]  # the second piece: the first process after the first resume
+    assert trace.x[0] == 41
+    wall, segment = trace.customdata[0]
+    assert wall.startswith("2025-") and wall.endswith("UTC")
+    assert segment == result.lineage.segments[result.lineage.piece_segments[1]].ref
+    assert "step %{x}" in trace.hovertemplate and "%{customdata[1]}" in trace.hovertemplate
+
+
+def _one_long_piece(n: int, drop_at: int) -> LineageResult:
+    """A run logged every step for ``n`` steps whose KL is zero at exactly one step."""
+    steps = np.arange(1, n + 1)
+    values = 0.05 + 0.001 * np.sin(steps / 7.0)
+    values[drop_at] = 0.0
+    series = Series(steps, values, 1.7e9 + steps * 2.0)
+    seg = Segment(kind="table", ref="big.csv", source="x", series={"kl": series})
+    lin = Lineage(id="big", name="big", segments=[seg], pieces=[{"kl": series}], piece_segments=[0], kl_metric="kl")
+    return LineageResult(lin, "kl", "ok")
+
+
+def test_a_long_series_is_thinned_with_min_max_and_drawn_with_webgl_keeping_the_drop() -> None:
+    n, drop = 200_000, 123_457
+    fig = charts.run_figure(_one_long_piece(n, drop), max_points=2_000)
+    (trace,) = fig.data
+    assert trace.type == "scattergl"
+    assert len(trace.x) <= 2_000
+    x, y = np.asarray(trace.x), np.asarray(trace.y)
+    assert list(x[y == 0.0]) == [drop + 1]
+    assert "min/max" in fig.layout.title.text
+
+
+def test_a_short_series_is_drawn_whole_as_svg(fleet: data.Fleet) -> None:
+    result = _by_name(fleet, "grpo-continuous")
+    fig = charts.run_figure(result)
+    assert [t.type for t in fig.data] == ["scatter"]
+    assert len(fig.data[0].x) == 120
+    assert not [s for s in fig.layout.shapes if s.type == "line"]
+
+
+def test_linked_panels_are_picked_loosely_by_kind() -> None:
+    names = ["actor/pg_loss", "actor/entropy", "actor/grad_norm", "optim/lr", "critic/score/mean", "actor/kl_loss",
+             "actor/pg_loss_per_token", "perf/throughput", "_runtime", "train/global_step"]
+    assert charts.pick_linked_metrics(names, exclude=["actor/kl_loss"]) == [
+        "actor/pg_loss", "critic/score/mean", "optim/lr", "actor/grad_norm", "actor/entropy"]
+    assert charts.pick_linked_metrics(["train/kl_penalty", "perf/tokens"]) == []
+
+
+def test_fleet_picture_puts_each_boundary_at_its_score_and_kl_ratio() -> None:
+    points = pd.DataFrame([
+        {"key": "a", "run": "a", "step": 41, "verdict": "reference_reset", "score": 0.99, "kl_before": 0.04,
+         "kl_after": 0.001, "ratio": 0.025},
+        {"key": "b", "run": "b", "step": 41, "verdict": "ok", "score": 0.01, "kl_before": 0.04, "kl_after": 0.041,
+         "ratio": 1.025},
+        {"key": "c", "run": "c", "step": 9, "verdict": "inconclusive", "score": 0.5, "kl_before": 0.0, "kl_after": 0.0,
+         "ratio": None},
+    ])
+    fig = charts.fleet_figure(points, thresholds=ReferenceResetConfig())
+    by_name = {t.name.split(" ")[0]: t for t in fig.data}
+    assert list(by_name["reference_reset"].y) == [0.025] and list(by_name["reference_reset"].x) == [0.99]
+    assert list(by_name["ok"].customdata[0][:1]) == ["b"]  # the run key, for click-to-open
+    assert list(by_name["inconclusive"].y) == [1.0]  # no ratio: drawn on the 'no change' line
+    cuts = sorted(s.x0 for s in fig.layout.shapes if s.type == "line" and s.x0 == s.x1)
+    assert cuts == [ReferenceResetConfig().ok_score, ReferenceResetConfig().reset_score]
+
+
+def test_html_export_is_self_contained(fleet: data.Fleet, tmp_path: Path) -> None:
+    fig = charts.run_figure(_by_name(fleet, "grpo-resume-buggy"))
+    html = charts.figure_html(fig, filename="grpo-resume-buggy")
+    assert "<script src=\"http" not in html  # plotly.js is inlined: opens offline
+    assert "RESET" in html and '"filename": "grpo-resume-buggy"' in html

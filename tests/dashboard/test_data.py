@@ -1,0 +1,121 @@
+"""The dashboard's data layer: the pipeline's results, cached on the source's files, re-judged cheaply."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from dashboard import data
+from detectors.pipeline import ScanConfig, scan
+from detectors.reference_reset import ReferenceResetConfig
+from detectors.report import to_dict
+
+from .runs import write_fleet, write_run
+
+
+@pytest.fixture(scope="module")
+def fleet_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_fleet(tmp_path_factory.mktemp("fleet"))
+
+
+def test_fleet_holds_what_the_cli_scan_reports(fleet_dir: Path) -> None:
+    fleet = data.load_fleet([str(fleet_dir)], config=ScanConfig())
+    expected = scan([str(fleet_dir)])
+    assert [(r.lineage.id, r.status) for r in fleet.scan.results] == [(r.lineage.id, r.status) for r in expected.results]
+    assert fleet.status_counts() == {"ok": 2, "reference_reset": 1}
+    report = json.loads(json.dumps(to_dict(fleet.scan)))
+    assert report["schema"] == "klwatch.report/1"
+    flagged = [lin for lin in report["lineages"] if lin["status"] == "reference_reset"]
+    assert [lin["name"] for lin in flagged] == ["grpo-resume-buggy"]
+    assert [b["step"] for b in flagged[0]["boundaries"]] == [41, 81]
+
+
+def test_fleet_table_has_one_row_per_run_with_the_worst_boundary(fleet_dir: Path) -> None:
+    table = data.fleet_table(data.load_fleet([str(fleet_dir)], config=ScanConfig())).set_index("run")
+    buggy = table.loc["grpo-resume-buggy"]
+    assert buggy["status"] == "reference_reset"
+    assert buggy["segments"] == 3 and buggy["resumes"] == 2 and buggy["last step"] == 120
+    assert buggy["worst score"] >= ReferenceResetConfig().reset_score
+    assert buggy["KL after"] < 0.5 * buggy["KL before"]
+    assert buggy["at step"] in (41, 81)
+    cont = table.loc["grpo-continuous"]
+    assert cont["resumes"] == 0 and cont["status"] == "ok"
+    assert table.loc["grpo-resume-fixed", "KL after"] > 0.5 * table.loc["grpo-resume-fixed", "KL before"]
+
+
+def test_boundary_points_give_the_kl_ratio_at_every_resume(fleet_dir: Path) -> None:
+    points = data.boundary_points(data.load_fleet([str(fleet_dir)], config=ScanConfig()))
+    assert len(points) == 4  # two resumes in each of the two resumed runs
+    reset = points[points["verdict"] == "reference_reset"]
+    assert set(reset["run"]) == {"grpo-resume-buggy"}
+    assert (reset["ratio"] < 0.2).all()
+    assert (points[points["verdict"] == "ok"]["ratio"] > 0.5).all()
+
+
+def test_new_thresholds_rejudge_without_reading_again(tmp_path: Path) -> None:
+    # Overwrite the event files with garbage of the same size and mtime: the fingerprint cannot see it,
+    # so only a cached read can still give verdicts; touching a file then forces a real read.
+    root = write_run(tmp_path, name="grpo-resume-buggy", resumes=[41, 81], buggy=True, seed=4).parent
+    spec = str(root)
+    first = data.load_fleet([spec], config=ScanConfig())
+    assert [r.status for r in first.scan.results] == ["reference_reset"]
+    files = sorted(root.rglob("events.out.tfevents.*"))
+    for f in files:
+        st = f.stat()
+        f.write_bytes(b"\x00" * st.st_size)
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    strict = ScanConfig(reference_reset=dataclasses.replace(ReferenceResetConfig(), min_low_points=10))
+    again = data.load_fleet([spec], config=strict)
+    assert [r.status for r in again.scan.results] == ["ok"]  # re-judged: 10 low points cannot fit in the window
+    assert {v.verdict for r in again.scan.results for v in r.verdicts} == {"inconclusive"}
+    os.utime(files[0])  # a file changed: the next load reads the (now broken) files again
+    reread = data.load_fleet([spec], config=strict)
+    assert any(s.error for r in reread.scan.results for s in r.lineage.segments) or any(
+        s.errors for s in reread.scan.sources)
+
+
+def test_an_unreadable_source_keeps_its_error_and_the_others_load(fleet_dir: Path, tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-runs")
+    fleet = data.load_fleet([missing, str(fleet_dir)], config=ScanConfig())
+    bad, good = fleet.scan.sources
+    assert bad.errors and missing in bad.errors[0].message
+    assert not good.errors and len(fleet.scan.results) == 3
+
+
+def test_a_pattern_that_matches_nothing_is_reported_without_touching_the_cached_read(fleet_dir: Path) -> None:
+    spec = f"{fleet_dir}#nothing-like-this-*"
+    fleet = data.load_fleet([spec], config=ScanConfig())
+    assert fleet.scan.results == []
+    assert "no training run matches #nothing-like-this-*" in fleet.scan.sources[0].errors[-1].message
+    read, _ = data.read_cached(spec, data.fingerprint(spec))
+    assert read.errors == []  # the cached read is shared by every session: never mutated
+    only = data.load_fleet([f"{fleet_dir}#*buggy*"], config=ScanConfig())
+    assert [r.lineage.name for r in only.scan.results] == ["grpo-resume-buggy"]
+
+
+def test_fingerprint_follows_files_and_remote_sources_expire(tmp_path: Path) -> None:
+    write_run(tmp_path, name="a", resumes=[], buggy=False, steps=10, extra=False)
+    before = data.fingerprint(str(tmp_path))
+    assert data.fingerprint(str(tmp_path)) == before
+    write_run(tmp_path, name="b", resumes=[], buggy=False, steps=10, extra=False)
+    assert data.fingerprint(str(tmp_path)) != before
+    assert data.fingerprint(f"{tmp_path}#a*") == data.fingerprint(str(tmp_path))
+    t = 1_000_000.0
+    remote = "wandb://team/project"
+    assert data.fingerprint(remote, now=t) == data.fingerprint(remote, now=t + 1)
+    assert data.fingerprint(remote, now=t) != data.fingerprint(remote, now=t + data.REMOTE_TTL_SECONDS)
+
+
+def test_same_run_id_in_two_sources_gets_two_keys(fleet_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(fleet_dir, copy)
+    fleet = data.load_fleet([str(fleet_dir), str(copy)], config=ScanConfig())
+    assert len(fleet.keys) == 6 and len(set(fleet.keys)) == 6
+    assert {k.rsplit("@", 1)[-1] for k in fleet.keys} == {str(fleet_dir), str(copy)}
+    assert len(fleet.runs) == 6
