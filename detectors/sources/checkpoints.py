@@ -1,0 +1,202 @@
+"""Read a folder of training checkpoints as resume evidence: which steps a run could resume from.
+
+Layouts (the folder given holds the checkpoint folders):
+- NeMo-RL: ``step_N/training_info.json`` (+ ``config.yaml``), and ``latest_checkpoint_status.json``
+  beside them (``last_checkpoint_step``).
+- Hugging Face Trainer / TRL: ``checkpoint-N/trainer_state.json``; its ``log_history`` is the
+  run's logged metrics up to step N (TRL logs ``kl``, ``loss``, ``reward`` there), so the newest
+  one also gives series.
+- verl: ``global_step_N/`` with ``latest_checkpointed_iteration.txt`` beside them.
+
+Only JSON, YAML and text files are read, and only the few named above: a checkpoint folder also
+holds weights and pickles (``training_args.bin``, ``data.pt``, ``rng_state.pth``) that could run code
+if loaded, so nothing else is ever opened. A file that cannot be parsed becomes a warning naming
+it; the other checkpoints are still read.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from ..model import Segment, Series
+from .local import ReadError
+
+LAYOUTS: list[tuple[str, re.Pattern[str]]] = [
+    ("nemo-rl", re.compile(r"^step_(\d+)$")),
+    ("huggingface", re.compile(r"^checkpoint-(\d+)$")),
+    ("verl", re.compile(r"^global_step_(\d+)$")),
+]
+NAME_KEYS = ("run_name", "wandb_run_name", "experiment_name", "exp_name")
+NEMO_STATUS = "latest_checkpoint_status.json"
+VERL_LATEST = "latest_checkpointed_iteration.txt"
+TRAINER_STATE_KEYS = ("global_step", "epoch", "max_steps", "num_train_epochs", "num_input_tokens_seen",
+                      "train_batch_size", "save_steps", "logging_steps", "best_metric",
+                      "best_model_checkpoint")
+
+
+def _layout(name: str) -> tuple[str, int] | None:
+    for layout, pattern in LAYOUTS:
+        m = pattern.match(name)
+        if m:
+            return layout, int(m.group(1))
+    return None
+
+
+def _load_json(path: Path, rel: str, warnings: list[str]) -> Any:
+    """The parsed file, or None with a warning naming it (missing files are not warned here)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        warnings.append(f"{rel}: cannot read JSON ({exc}); this checkpoint's details are skipped")
+        return None
+
+
+def _scalars(doc: dict[str, Any]) -> dict[str, Any]:
+    """The top-level numbers and strings of a JSON object (not its nested lists or objects)."""
+    return {k: v for k, v in doc.items() if isinstance(v, (int, float, str, bool)) or v is None}
+
+
+def _name_in(doc: Any) -> str | None:
+    if isinstance(doc, dict):
+        for key in NAME_KEYS:
+            if isinstance(doc.get(key), str) and doc[key]:
+                return str(doc[key])
+    return None
+
+
+def _nemo_config_name(config: dict[str, Any]) -> str | None:
+    """NeMo-RL's ``logger`` section names the run for the trackers it logs to."""
+    logger = config.get("logger")
+    if not isinstance(logger, dict):
+        return None
+    for tracker, key in (("wandb", "name"), ("mlflow", "run_name"), ("swanlab", "name")):
+        section = logger.get(tracker)
+        if isinstance(section, dict) and isinstance(section.get(key), str) and section[key]:
+            return str(section[key])
+    return None
+
+
+def log_history_series(log_history: list[Any]) -> dict[str, Series]:
+    """Hugging Face ``log_history`` (a list of flat dicts with ``step``) as one series per key, in
+    logged order. Non-numbers (and booleans) are left out."""
+    cols: dict[str, tuple[list[int], list[float]]] = {}
+    for entry in log_history:
+        if not isinstance(entry, dict) or not isinstance(entry.get("step"), (int, float)):
+            continue
+        step = int(entry["step"])
+        for key, value in entry.items():
+            if key == "step" or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            steps, values = cols.setdefault(key, ([], []))
+            steps.append(step)
+            values.append(float(value))
+    return {k: Series(np.array(s, dtype=np.int64), np.array(v, dtype=np.float64))
+            for k, (s, v) in cols.items()}
+
+
+def read_checkpoint_dir(path: Path, *, ref: str, source: str) -> list[Segment]:
+    """One ``checkpoints`` Segment for a folder of checkpoint folders."""
+    path = Path(path)
+    warnings: list[str] = []
+    prefix = "" if ref in ("", ".") else f"{ref}/"
+    found: list[tuple[int, str, Path]] = []
+    for child in path.iterdir():
+        hit = _layout(child.name)
+        if hit and child.is_dir():
+            found.append((hit[1], hit[0], child))
+    if not found:
+        raise ReadError("no checkpoint folders (step_N, checkpoint-N, global_step_N) in it")
+    found.sort(key=lambda t: (t[0], t[1]))
+
+    checkpoints: list[dict[str, Any]] = []
+    name: str | None = None
+    config: dict[str, Any] = {}
+    series: dict[str, Series] = {}
+    newest_hf: tuple[int, list[Any]] | None = None
+    for step, layout, folder in found:
+        rel = f"{prefix}{folder.name}"
+        info: dict[str, Any] = {"step": step, "folder": folder.name, "layout": layout}
+        if layout == "nemo-rl":
+            f = folder / "training_info.json"
+            doc = _load_json(f, f"{rel}/training_info.json", warnings)
+            if isinstance(doc, dict):
+                info.update(_scalars(doc))
+                info["step"] = step  # the folder name is what NeMo-RL resumes from
+                name = _name_in(doc) or name
+            elif doc is not None:
+                warnings.append(f"{rel}/training_info.json: not a JSON object; skipped")
+            cfg_file = folder / "config.yaml"
+            if cfg_file.is_file():
+                try:
+                    cfg = yaml.safe_load(cfg_file.read_text(encoding="utf-8"))
+                    if isinstance(cfg, dict):
+                        config = cfg  # the newest checkpoint's config wins (loop is by step)
+                        name = _nemo_config_name(cfg) or name
+                except (OSError, ValueError, yaml.YAMLError) as exc:
+                    warnings.append(f"{rel}/config.yaml: cannot read YAML ({type(exc).__name__}); skipped")
+        elif layout == "huggingface":
+            f = folder / "trainer_state.json"
+            doc = _load_json(f, f"{rel}/trainer_state.json", warnings)
+            if isinstance(doc, dict):
+                info.update({k: doc[k] for k in TRAINER_STATE_KEYS if k in doc})
+                gs = doc.get("global_step")
+                if isinstance(gs, int) and gs != step:
+                    warnings.append(f"{rel}/trainer_state.json: global_step {gs} differs from the "
+                                    f"folder's step {step}")
+                name = _name_in(doc) or name
+                hist = doc.get("log_history")
+                if isinstance(hist, list) and (newest_hf is None or step >= newest_hf[0]):
+                    newest_hf = (step, hist)
+            elif doc is None and not f.exists():
+                warnings.append(f"{rel}: no trainer_state.json (an incomplete checkpoint?)")
+            elif doc is not None:
+                warnings.append(f"{rel}/trainer_state.json: not a JSON object; skipped")
+        else:
+            f = folder
+        try:
+            info["mtime"] = (f if f.exists() else folder).stat().st_mtime
+        except OSError:
+            info["mtime"] = None
+        checkpoints.append(info)
+
+    meta: dict[str, Any] = {
+        "checkpoints": checkpoints,
+        "layouts": sorted({c["layout"] for c in checkpoints}),
+    }
+    status = _load_json(path / NEMO_STATUS, f"{prefix}{NEMO_STATUS}", warnings)
+    if isinstance(status, dict):
+        meta["latest_status"] = _scalars(status)
+        if isinstance(status.get("last_checkpoint_step"), int):
+            meta["latest_checkpoint_step"] = status["last_checkpoint_step"]
+        name = _name_in(status) or name
+    latest_txt = path / VERL_LATEST
+    if latest_txt.is_file():
+        text = latest_txt.read_text(encoding="utf-8", errors="replace").strip()
+        if text.isdigit():
+            meta["latest_checkpoint_step"] = int(text)
+        else:
+            warnings.append(f"{prefix}{VERL_LATEST}: expected a step number, got {text[:40]!r}")
+    if newest_hf is not None:
+        meta["log_history_from"] = f"checkpoint-{newest_hf[0]}"
+        series = log_history_series(newest_hf[1])
+
+    return [Segment(
+        kind="checkpoints",
+        ref=ref,
+        source=source,
+        name=name or path.resolve().name,
+        config=config,
+        series=series,
+        checkpoint_steps=sorted({c["step"] for c in checkpoints}),
+        warnings=warnings,
+        meta=meta,
+    )]

@@ -1,0 +1,482 @@
+"""Read runs from an MLflow tracking server over its REST API (``mlflow://HOST:PORT[/EXPERIMENT]``).
+
+Why not ``MlflowClient``: it asks for one (run, metric) history per round trip and its default
+retry policy (7 retries, exponential backoff, 120 s timeouts) turns an unreachable or hanging
+server into minutes of silence. Here every request has an explicit timeout and a bounded number of
+retries, and histories are fetched with the fewest round trips that still return every point:
+
+- ``/ajax-api/2.0/mlflow/metrics/get-history-bulk`` returns the FULL history of one metric for up
+  to 100 runs at once (capped at 25,000 points per answer, sorted by run id; a capped answer is
+  detected and the runs it cut are fetched again one by one). It is what the MLflow UI uses.
+- ``/api/2.0/mlflow/metrics/get-history`` (public API) returns one run's full history, paged by
+  ``next_page_token`` when the server pages; used for big runs and when the bulk route is missing.
+- ``get-history-bulk-interval`` is never used: it SAMPLES the history, which can hide a resume.
+
+The environment MLflow users already set is honoured: ``MLFLOW_TRACKING_TOKEN`` (bearer) or
+``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD`` (basic auth), ``MLFLOW_TRACKING_INSECURE_TLS``,
+``MLFLOW_TRACKING_SERVER_CERT_PATH``, ``MLFLOW_TRACKING_CLIENT_CERT_PATH``, and
+``MLFLOW_HTTP_REQUEST_TIMEOUT`` / ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` /
+``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR`` (with klwatch's own, shorter defaults). Nothing here writes
+to the server, and no message ever contains a credential.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import numpy as np
+import requests
+
+from ..model import Segment, Series, SourceError, SourceRead
+from .mlflow_local import PARENT_RUN_TAG, RUN_NAME_TAG, parse_param, run_group
+
+DEFAULT_TIMEOUT_S = 60.0
+"""Per read (time without a byte from the server), not per request: a big history may stream long."""
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+DEFAULT_MAX_RETRIES = 3
+DEFAULT_BACKOFF_FACTOR = 0.5
+MAX_BACKOFF_S = 10.0
+
+BULK_ROUTE = "/ajax-api/2.0/mlflow/metrics/get-history-bulk"
+BULK_MAX_POINTS = 25_000  # the server's cap on one bulk answer (MAX_HISTORY_RESULTS)
+BULK_MAX_RUNS = 100  # the server's cap on run ids per bulk request
+BULK_PACK_POINTS = 20_000  # pack runs into a bulk request while their expected points stay below
+SEARCH_PAGE = 1000
+
+_RETRY_STATUS = {429, 500, 502, 503, 504}
+
+
+class ServerError(Exception):
+    """A request that failed for good; the message names the server and is safe to print."""
+
+    def __init__(self, message: str, *, status: int | None = None, error_code: str | None = None,
+                 transport: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_code = error_code
+        self.transport = transport
+        """True when the server could not be reached or stopped answering: stop asking it."""
+
+
+@dataclass
+class ServerSpec:
+    base_url: str
+    """``http(s)://host:port``, without credentials: safe to print."""
+    experiment: str | None
+    username: str | None = None
+    password: str | None = None
+
+
+def parse_spec(spec: str) -> ServerSpec:
+    """``mlflow://H:P[/EXP]`` and ``mlflow+http://`` -> http, ``mlflow+https://`` -> https."""
+    scheme, sep, rest = spec.partition("://")
+    schemes = {"mlflow": "http", "mlflow+http": "http", "mlflow+https": "https"}
+    if not sep or scheme not in schemes:
+        raise ValueError("an MLflow server is given as mlflow://HOST:PORT[/EXPERIMENT] "
+                         "(mlflow+https:// for TLS)")
+    parts = urlsplit(f"{schemes[scheme]}://{rest}")
+    if not parts.hostname:
+        raise ValueError("no host in the MLflow server address")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError("bad port in the MLflow server address") from exc
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    base = f"{parts.scheme}://{host}" + (f":{port}" if port else "")
+    exp = unquote(parts.path.lstrip("/")) or None
+    return ServerSpec(base_url=base, experiment=exp,
+                      username=unquote(parts.username) if parts.username else None,
+                      password=unquote(parts.password) if parts.password else None)
+
+
+def redact(spec: str) -> str:
+    """The spec without any ``user:password@`` part."""
+    scheme, sep, rest = spec.partition("://")
+    if sep and "@" in rest.split("/", 1)[0]:
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return spec
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ[name])
+    except (KeyError, ValueError):
+        return default
+
+
+class RestClient:
+    """GET/POST JSON with explicit timeouts, bounded retries with backoff, and clean errors."""
+
+    def __init__(self, server: ServerSpec) -> None:
+        self.base = server.base_url
+        self.timeout = _env_float("MLFLOW_HTTP_REQUEST_TIMEOUT", DEFAULT_TIMEOUT_S)
+        self.connect_timeout = min(DEFAULT_CONNECT_TIMEOUT_S, self.timeout)
+        self.retries = max(0, int(_env_float("MLFLOW_HTTP_REQUEST_MAX_RETRIES", DEFAULT_MAX_RETRIES)))
+        self.backoff = max(0.0, _env_float("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", DEFAULT_BACKOFF_FACTOR))
+        self.session = requests.Session()
+        self.session.headers["User-Agent"] = "klwatch"
+        user = server.username or os.environ.get("MLFLOW_TRACKING_USERNAME")
+        password = server.password or os.environ.get("MLFLOW_TRACKING_PASSWORD")
+        token = os.environ.get("MLFLOW_TRACKING_TOKEN")
+        if user and password:
+            self.session.auth = (user, password)
+        elif token:
+            self.session.headers["Authorization"] = f"Bearer {token}"
+        self.has_credentials = bool((user and password) or token)
+        if os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true":
+            self.session.verify = False
+        elif os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH"):
+            self.session.verify = os.environ["MLFLOW_TRACKING_SERVER_CERT_PATH"]
+        if os.environ.get("MLFLOW_TRACKING_CLIENT_CERT_PATH"):
+            self.session.cert = os.environ["MLFLOW_TRACKING_CLIENT_CERT_PATH"]
+        self.requests = 0
+
+    def close(self) -> None:
+        self.session.close()
+
+    def get(self, route: str, params: Any) -> dict[str, Any]:
+        return self._call("GET", route, params=params)
+
+    def post(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", route, json=body)
+
+    def _call(self, method: str, route: str, **kwargs: Any) -> dict[str, Any]:
+        where = f"mlflow server {self.base}"
+        attempts = self.retries + 1
+        last = ""
+        for attempt in range(attempts):
+            if attempt:
+                time.sleep(min(MAX_BACKOFF_S, self.backoff * (2 ** (attempt - 1))))
+            self.requests += 1
+            try:
+                resp = self.session.request(method, self.base + route,
+                                            timeout=(self.connect_timeout, self.timeout), **kwargs)
+            except requests.exceptions.SSLError as exc:
+                raise ServerError(f"{where}: TLS handshake failed ({str(exc)[:200]}); for a private "
+                                  "CA set MLFLOW_TRACKING_SERVER_CERT_PATH", transport=True) from exc
+            except requests.exceptions.ConnectTimeout:
+                last = f"{where}: could not connect within {self.connect_timeout:g}s"
+                continue
+            except requests.exceptions.ReadTimeout as exc:
+                # A server that hangs once will hang again: asking again only multiplies the wait.
+                raise ServerError(f"{where}: no answer to {route} within {self.timeout:g}s "
+                                  "(the server hangs; MLFLOW_HTTP_REQUEST_TIMEOUT sets the limit)",
+                                  transport=True) from exc
+            except requests.exceptions.ConnectionError:
+                last = f"{where}: cannot connect (nothing listening, or the connection dropped)"
+                continue
+            except requests.exceptions.RequestException as exc:
+                raise ServerError(f"{where}: request to {route} failed: {type(exc).__name__}",
+                                  transport=True) from exc
+            if resp.status_code == 200:
+                try:
+                    doc = resp.json()
+                except ValueError as exc:
+                    raise ServerError(f"{where}: answered {route} with something that is not JSON "
+                                      "(is this an MLflow tracking server?)", status=200) from exc
+                if not isinstance(doc, dict):
+                    raise ServerError(f"{where}: unexpected answer to {route}", status=200)
+                return doc
+            code, msg = _error_of(resp)
+            if resp.status_code in (401, 403):
+                hint = ("the credentials in MLFLOW_TRACKING_TOKEN / MLFLOW_TRACKING_USERNAME / "
+                        "MLFLOW_TRACKING_PASSWORD were refused" if self.has_credentials else
+                        "set MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME / "
+                        "MLFLOW_TRACKING_PASSWORD")
+                word = "unauthorized" if resp.status_code == 401 else "forbidden"
+                raise ServerError(f"{where}: HTTP {resp.status_code} {word}: {hint}",
+                                  status=resp.status_code, error_code=code)
+            if resp.status_code in _RETRY_STATUS:
+                last = f"{where}: HTTP {resp.status_code} on {route}" + (f": {msg}" if msg else "")
+                continue
+            raise ServerError(f"{where}: HTTP {resp.status_code} on {route}"
+                              + (f": {msg}" if msg else ""), status=resp.status_code, error_code=code)
+        raise ServerError(f"{last} (gave up after {attempts} attempt{'s' if attempts > 1 else ''})",
+                          transport=True)
+
+
+def _error_of(resp: requests.Response) -> tuple[str | None, str]:
+    """MLflow's ``{"error_code", "message"}``, shortened; never the request (it may hold a token)."""
+    try:
+        doc = resp.json()
+        if isinstance(doc, dict):
+            return doc.get("error_code"), str(doc.get("message", ""))[:300]
+    except ValueError:
+        pass
+    return None, resp.text.strip().splitlines()[0][:200] if resp.text.strip() else ""
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def _experiments(api: RestClient, wanted: str | None) -> list[dict[str, Any]]:
+    if wanted is not None:
+        try:
+            return [api.get("/api/2.0/mlflow/experiments/get-by-name",
+                            {"experiment_name": wanted})["experiment"]]
+        except ServerError as exc:
+            if exc.error_code != "RESOURCE_DOES_NOT_EXIST" and exc.status != 404:
+                raise
+        if wanted.isdigit():
+            try:
+                return [api.get("/api/2.0/mlflow/experiments/get",
+                                {"experiment_id": wanted})["experiment"]]
+            except ServerError as exc:
+                if exc.error_code != "RESOURCE_DOES_NOT_EXIST" and exc.status != 404:
+                    raise
+        raise ServerError(f"mlflow server {api.base}: no experiment named or numbered {wanted!r}")
+    out: list[dict[str, Any]] = []
+    token: str | None = None
+    while True:
+        body: dict[str, Any] = {"max_results": SEARCH_PAGE, "view_type": "ACTIVE_ONLY"}
+        if token:
+            body["page_token"] = token
+        doc = api.post("/api/2.0/mlflow/experiments/search", body)
+        out.extend(doc.get("experiments", []))
+        token = doc.get("next_page_token")
+        if not token:
+            return out
+
+
+def _runs(api: RestClient, exp_ids: list[str]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i in range(0, len(exp_ids), 100):
+        token: str | None = None
+        while True:
+            body: dict[str, Any] = {"experiment_ids": exp_ids[i:i + 100], "max_results": SEARCH_PAGE,
+                                    "run_view_type": "ACTIVE_ONLY"}
+            if token:
+                body["page_token"] = token
+            doc = api.post("/api/2.0/mlflow/runs/search", body)
+            out.extend(doc.get("runs", []))
+            token = doc.get("next_page_token")
+            if not token:
+                break
+    return out
+
+
+Points = list[tuple[int, float, int]]  # (timestamp ms, value, step)
+
+
+def _point(m: dict[str, Any]) -> tuple[int, float, int]:
+    return int(m.get("timestamp", 0)), float(m.get("value", "nan")), int(m.get("step", 0))
+
+
+def _history(api: RestClient, run_id: str, key: str) -> Points:
+    """One run's full history of one metric, following pages when the server pages."""
+    out: Points = []
+    token: str | None = None
+    seen: set[str] = set()
+    while True:
+        params = {"run_id": run_id, "metric_key": key}
+        if token:
+            params["page_token"] = token
+        doc = api.get("/api/2.0/mlflow/metrics/get-history", params)
+        out.extend(_point(m) for m in doc.get("metrics", []))
+        token = doc.get("next_page_token")
+        if not token:
+            return out
+        if token in seen:
+            raise ServerError(f"mlflow server {api.base}: metric history of run {run_id} key {key!r} "
+                              "pages in a loop")
+        seen.add(token)
+
+
+@dataclass
+class _Latest:
+    step: int
+    timestamp: int
+    expected: int
+
+
+class _Fetcher:
+    """Fetch every (run, key) history: bulk where it pays, one by one where it must."""
+
+    def __init__(self, api: RestClient) -> None:
+        self.api = api
+        self.bulk_ok = True
+
+    def fetch_key(self, key: str, runs: dict[str, _Latest]) -> tuple[dict[str, Points], dict[str, str]]:
+        """Histories of ``key`` for ``runs``; per-run errors in the second dict (transport errors
+        are raised: a server that stopped answering is not asked for every other run)."""
+        got: dict[str, Points] = {}
+        errors: dict[str, str] = {}
+        single = [r for r, lat in runs.items() if lat.expected > BULK_PACK_POINTS]
+        packable = sorted(r for r in runs if r not in single)
+        batch: list[str] = []
+        load = 0
+        batches: list[list[str]] = []
+        for rid in packable:
+            if batch and (len(batch) >= BULK_MAX_RUNS or load + runs[rid].expected > BULK_PACK_POINTS):
+                batches.append(batch)
+                batch, load = [], 0
+            batch.append(rid)
+            load += runs[rid].expected
+        if batch:
+            batches.append(batch)
+        for b in batches:
+            if not self.bulk_ok:
+                single.extend(b)
+                continue
+            try:
+                done = self._bulk(key, b, runs)
+            except ServerError as exc:
+                if exc.transport:
+                    raise
+                if exc.status == 404 and exc.error_code is None:
+                    self.bulk_ok = False  # an older server, or a proxy that only passes /api/
+                single.extend(b)
+                continue
+            got.update(done)
+            single.extend(r for r in b if r not in done)
+        for rid in single:
+            try:
+                got[rid] = _history(self.api, rid, key)
+            except ServerError as exc:
+                if exc.transport:
+                    raise
+                errors[rid] = str(exc)
+        return got, errors
+
+    def _bulk(self, key: str, batch: list[str], runs: dict[str, _Latest]) -> dict[str, Points]:
+        """The runs whose history the bulk answer holds completely."""
+        doc = self.api.get(BULK_ROUTE, [("metric_key", key), ("max_results", BULK_MAX_POINTS)]
+                           + [("run_id", r) for r in batch])
+        metrics = doc.get("metrics", [])
+        per_run: dict[str, Points] = defaultdict(list)
+        for m in metrics:
+            per_run[str(m.get("run_id"))].append(_point(m))
+        complete = set(batch)
+        if len(metrics) >= BULK_MAX_POINTS:  # capped: runs sorted after the last one were cut
+            last = str(metrics[-1].get("run_id"))
+            complete = {r for r in batch if r < last}
+        out: dict[str, Points] = {}
+        for rid in complete:
+            pts = per_run.get(rid, [])
+            lat = runs[rid]
+            # A server with a smaller cap would cut silently: the latest point must be there.
+            if not any(p[2] == lat.step and p[0] == lat.timestamp for p in pts):
+                continue
+            out[rid] = pts
+        return out
+
+
+def _series(points: Points) -> Series:
+    if not points:
+        return Series(np.empty(0, np.int64), np.empty(0), np.empty(0))
+    arr = np.array(points, dtype=np.float64)
+    order = np.argsort(arr[:, 0], kind="stable")  # the server's order is (timestamp, step, value)
+    arr = arr[order]
+    return Series(arr[:, 2].astype(np.int64), arr[:, 1], arr[:, 0] / 1000.0)
+
+
+def read_mlflow_server(spec: str) -> SourceRead:
+    """Every active run of an MLflow tracking server (or of one experiment); never raises."""
+    safe_spec = redact(spec)
+    out = SourceRead(spec=safe_spec)
+    try:
+        server = parse_spec(spec)
+    except ValueError as exc:
+        out.errors.append(SourceError(safe_spec, f"{safe_spec}: {exc}"))
+        return out
+    api = RestClient(server)
+    try:
+        _read(api, server, out)
+    except ServerError as exc:
+        out.errors.append(SourceError(safe_spec, str(exc)))
+    except Exception as exc:  # an answer of a shape we did not expect: still name the server
+        out.errors.append(SourceError(
+            safe_spec, f"mlflow server {server.base_url}: unexpected answer ({type(exc).__name__}: {exc})"))
+    finally:
+        api.close()
+    return out
+
+
+def _read(api: RestClient, server: ServerSpec, out: SourceRead) -> None:
+    exps = _experiments(api, server.experiment)
+    exp_names = {str(e["experiment_id"]): str(e.get("name", e["experiment_id"])) for e in exps}
+    runs = _runs(api, list(exp_names))
+    out.kinds.append("mlflow")
+
+    tags_of: dict[str, dict[str, str]] = {}
+    keys: dict[str, dict[str, _Latest]] = defaultdict(dict)
+    for run in runs:
+        rid = run["info"]["run_id"] if "run_id" in run["info"] else run["info"]["run_uuid"]
+        data = run.get("data", {})
+        tags_of[rid] = {t["key"]: t.get("value", "") for t in data.get("tags", [])}
+        for m in data.get("metrics", []):
+            step = int(m.get("step", 0))
+            keys[m["key"]][rid] = _Latest(step=step, timestamp=int(m.get("timestamp", 0)),
+                                          expected=max(1, step + 1))
+
+    names = {rid: None for rid in tags_of}
+    for run in runs:
+        info = run["info"]
+        rid = info.get("run_id") or info["run_uuid"]
+        names[rid] = info.get("run_name") or tags_of[rid].get(RUN_NAME_TAG)
+    for rid, tags in tags_of.items():  # a parent outside the experiments read: ask for its name
+        parent = tags.get(PARENT_RUN_TAG)
+        if parent and parent not in names and "group" not in tags:
+            try:
+                info = api.get("/api/2.0/mlflow/runs/get", {"run_id": parent})["run"]
+                names[parent] = info["info"].get("run_name") or {
+                    t["key"]: t["value"] for t in info.get("data", {}).get("tags", [])
+                }.get(RUN_NAME_TAG)
+            except ServerError as exc:
+                if exc.transport:
+                    raise
+                names[parent] = None
+
+    fetcher = _Fetcher(api)
+    histories: dict[str, dict[str, Series]] = defaultdict(dict)
+    run_errors: dict[str, list[str]] = defaultdict(list)
+    for key in sorted(keys):
+        got, errors = fetcher.fetch_key(key, keys[key])
+        for rid, pts in got.items():
+            histories[rid][key] = _series(pts)
+        for rid, msg in errors.items():
+            run_errors[rid].append(msg)
+
+    segs: list[Segment] = []
+    for run in runs:
+        info = run["info"]
+        rid = info.get("run_id") or info["run_uuid"]
+        tags = tags_of[rid]
+        eid = str(info.get("experiment_id"))
+        exp_name = exp_names.get(eid, eid)
+        start_ms = info.get("start_time")
+        end_ms = info.get("end_time")
+        err = None
+        if run_errors.get(rid):
+            err = f"{rid}: could not read its metric history: {run_errors[rid][0]}"
+        segs.append(Segment(
+            kind="mlflow",
+            ref=rid,
+            source=out.spec,
+            run_id=rid,
+            name=names.get(rid),
+            group=run_group(tags=tags, run_names=names),
+            config={p["key"]: parse_param(p.get("value", ""))
+                    for p in run.get("data", {}).get("params", [])},
+            tags=dict(tags),
+            series=histories.get(rid, {}),
+            start_time=None if start_ms is None else int(start_ms) / 1000.0,
+            store=f"{server.base_url}#{exp_name}",
+            error=err,
+            meta={
+                "experiment": exp_name,
+                "experiment_id": eid,
+                "status": info.get("status"),
+                "lifecycle_stage": info.get("lifecycle_stage", "active"),
+                "end_time": None if end_ms is None else int(end_ms) / 1000.0,
+                "parent_run_id": tags.get(PARENT_RUN_TAG),
+                "server": server.base_url,
+            },
+        ))
+    segs.sort(key=lambda s: (s.start_time is None, s.start_time or 0.0, s.ref))
+    out.segments.extend(segs)

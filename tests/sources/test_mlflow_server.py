@@ -1,0 +1,324 @@
+"""MLflow tracking servers: a real ``mlflow server`` fed by the real client, and small HTTP stubs
+for the faults a real server will not produce on demand (500s, hangs, refused credentials)."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from detectors.sources import mlflow_server as ms
+from detectors.sources import read_source
+from mlflow_server import MlflowServer, free_port
+
+pytestmark = pytest.mark.server
+
+T0 = 1_760_000_000_000  # ms
+SECRET = "s3cr3t-t0ken-never-printed"
+
+
+@dataclass
+class Logged:
+    server: MlflowServer
+    ids: dict[str, str]
+    exp_ids: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def logged(mlflow_server: MlflowServer) -> Logged:
+    """Runs logged through the server by the real client."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, Param
+
+    c = MlflowClient(tracking_uri=mlflow_server.url)
+    exp = c.create_experiment("grpo-server")
+    other = c.create_experiment("sft-server")
+    ids: dict[str, str] = {}
+
+    r = c.create_run(exp, run_name="grpo-7b", start_time=T0)
+    rid = ids["resumed"] = r.info.run_id
+    c.log_batch(rid, params=[Param("lr", "1e-06"), Param("steps", "15"), Param("fsdp", "false")])
+    c.log_batch(rid, metrics=[Metric("train/kl_penalty", 0.01 * s, T0 + 1000 * s, s) for s in range(1, 11)])
+    # the same run resumed from its step-5 checkpoint: steps 6..15 are logged again, later
+    c.log_batch(rid, metrics=[Metric("train/kl_penalty", 0.0001 * s, T0 + 90_000 + 1000 * s, s)
+                              for s in range(6, 16)])
+    c.log_batch(rid, metrics=[Metric("loss", float("nan"), T0 + 10, 0), Metric("loss", 1.5, T0 + 20, 1)])
+    c.set_terminated(rid, end_time=T0 + 200_000)
+
+    for i, (first, last) in enumerate([(1, 20), (21, 40)]):  # a new tracker run per restart
+        part = c.create_run(exp, run_name=f"grpo-1b-part{i}", start_time=T0 + 300_000 * (i + 1),
+                            tags={"group": "grpo-1b"})
+        ids[f"part{i}"] = part.info.run_id
+        c.log_batch(part.info.run_id, metrics=[
+            Metric("kl", 0.001 * s, T0 + 300_000 * (i + 1) + s, s) for s in range(first, last + 1)])
+
+    child = c.create_run(exp, run_name="eval-child", tags={"mlflow.parentRunId": rid}, start_time=T0 + 5)
+    ids["child"] = child.info.run_id
+    c.log_metric(child.info.run_id, "acc", 0.5, timestamp=T0 + 6, step=3)
+
+    sft = c.create_run(other, run_name="sft", start_time=T0 - 1000)
+    ids["sft"] = sft.info.run_id
+    c.log_batch(sft.info.run_id, metrics=[Metric("loss", 1.0 / s, T0 + s, s) for s in range(1, 200)])
+
+    gone = c.create_run(exp, run_name="deleted")
+    c.log_metric(gone.info.run_id, "kl", 1.0, step=0)
+    c.delete_run(gone.info.run_id)
+    return Logged(server=mlflow_server, ids=ids, exp_ids={"grpo-server": exp, "sft-server": other})
+
+
+def client_histories(url: str, exp_ids: list[str]) -> dict[tuple[str, str], list[tuple[int, str, int]]]:
+    from mlflow import MlflowClient
+
+    c = MlflowClient(tracking_uri=url)
+    out = {}
+    for run in c.search_runs(exp_ids):
+        for key in run.data.metrics:
+            out[(run.info.run_id, key)] = sorted(
+                (m.timestamp, "nan" if math.isnan(m.value) else repr(m.value), m.step)
+                for m in c.get_metric_history(run.info.run_id, key))
+    return out
+
+
+def our_histories(read) -> dict[tuple[str, str], list[tuple[int, str, int]]]:
+    out = {}
+    for s in read.segments:
+        for key, ser in s.series.items():
+            pts = [(int(round(t * 1000)), "nan" if math.isnan(v) else repr(float(v)), int(st))
+                   for t, v, st in zip(ser.wall_times, ser.values, ser.steps)]
+            assert [p[0] for p in pts] == sorted(p[0] for p in pts), (s.name, key)  # time order
+            out[(s.run_id, key)] = sorted(pts)
+    return out
+
+
+def test_server_histories_equal_the_clients_for_every_run(logged: Logged) -> None:
+    read = read_source(logged.server.spec)
+    assert not read.errors and read.kinds == ["mlflow"]
+    assert not any(s.error for s in read.segments)
+    expected = client_histories(logged.server.url, list(logged.exp_ids.values()))
+    assert our_histories(read) == expected
+    assert {s.run_id for s in read.segments} >= {logged.ids[k] for k in ("resumed", "part0", "sft")}
+    assert logged.ids["child"] in {s.run_id for s in read.segments}
+
+
+def test_server_resumed_run_keeps_the_rewind_and_run_metadata(logged: Logged) -> None:
+    read = read_source(logged.server.spec + "/grpo-server")
+    named = {s.name: s for s in read.segments}
+    seg = named["grpo-7b"]
+    kl = seg.series["train/kl_penalty"]
+    assert kl.steps.tolist() == list(range(1, 11)) + list(range(6, 16))
+    assert kl.wall_times[10] == (T0 + 96_000) / 1000.0
+    assert math.isnan(seg.series["loss"].values[0])
+    assert seg.kind == "mlflow" and seg.ref == seg.run_id == logged.ids["resumed"]
+    assert seg.config == {"lr": 1e-06, "steps": 15, "fsdp": False}
+    assert seg.start_time == T0 / 1000.0 and seg.meta["status"] == "FINISHED"
+    assert seg.store == f"{logged.server.url}#grpo-server" and seg.meta["experiment"] == "grpo-server"
+    assert named["grpo-1b-part0"].group == named["grpo-1b-part1"].group == "grpo-1b"
+    assert named["eval-child"].group == "grpo-7b"
+    assert "deleted" not in named and "sft" not in named
+
+
+def test_server_experiment_by_name_or_id_reads_only_that_experiment(logged: Logged) -> None:
+    by_name = read_source(f"{logged.server.spec}/sft-server")
+    by_id = read_source(f"{logged.server.spec}/{logged.exp_ids['sft-server']}")
+    plus_http = read_source(f"mlflow+http://127.0.0.1:{logged.server.port}/sft-server")
+    for read in (by_name, by_id, plus_http):
+        assert not read.errors
+        assert [s.run_id for s in read.segments] == [logged.ids["sft"]]
+        assert read.segments[0].series["loss"].steps.tolist() == list(range(1, 200))
+
+
+def test_unknown_experiment_is_an_error_naming_the_server(logged: Logged) -> None:
+    read = read_source(f"{logged.server.spec}/no-such-experiment")
+    assert not read.segments and len(read.errors) == 1
+    assert f"127.0.0.1:{logged.server.port}" in read.errors[0].message
+    assert "no-such-experiment" in read.errors[0].message
+
+
+def test_capped_bulk_answers_are_detected_and_completed(logged: Logged, monkeypatch) -> None:
+    """With a tiny bulk cap the real server cuts its answers; every point must still arrive."""
+    monkeypatch.setattr(ms, "BULK_MAX_POINTS", 7)
+    monkeypatch.setattr(ms, "BULK_PACK_POINTS", 30)
+    read = read_source(logged.server.spec)
+    assert not read.errors
+    assert our_histories(read) == client_histories(logged.server.url, list(logged.exp_ids.values()))
+
+
+def test_without_the_bulk_route_histories_come_one_by_one(logged: Logged, monkeypatch) -> None:
+    monkeypatch.setattr(ms, "BULK_ROUTE", "/ajax-api/2.0/mlflow/metrics/no-such-route")
+    read = read_source(logged.server.spec)
+    assert not read.errors
+    assert our_histories(read) == client_histories(logged.server.url, list(logged.exp_ids.values()))
+
+
+# -- faults ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Stub:
+    port: int
+    requests: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
+
+    @property
+    def spec(self) -> str:
+        return f"mlflow://127.0.0.1:{self.port}"
+
+
+@pytest.fixture
+def http_stub() -> Iterator[Callable[[Callable[[BaseHTTPRequestHandler, Stub], None]], Stub]]:
+    """``start(answer)`` runs a loopback HTTP server whose handler calls ``answer(handler, stub)``."""
+    servers: list[ThreadingHTTPServer] = []
+    release = threading.Event()
+
+    def start(answer: Callable[[BaseHTTPRequestHandler, Stub], None]) -> Stub:
+        stub = Stub(port=0)
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _handle(self) -> None:
+                stub.requests.append((self.command, self.path, dict(self.headers)))
+                answer(self, stub)
+
+            do_GET = do_POST = _handle
+
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        httpd.daemon_threads = True
+        httpd.release = release  # type: ignore[attr-defined]
+        stub.port = httpd.server_address[1]
+        servers.append(httpd)
+        threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        return stub
+
+    yield start
+    release.set()
+    for httpd in servers:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def send_json(h: BaseHTTPRequestHandler, status: int, doc: dict) -> None:
+    body = json.dumps(doc).encode()
+    h.send_response(status)
+    h.send_header("Content-Type", "application/json")
+    h.send_header("Content-Length", str(len(body)))
+    h.end_headers()
+    h.wfile.write(body)
+
+
+def test_nothing_listening_is_an_error_in_bounded_time() -> None:
+    port = free_port()
+    t = time.monotonic()
+    read = read_source(f"mlflow://127.0.0.1:{port}")  # default retries and backoff
+    assert time.monotonic() - t < 10
+    assert not read.segments and len(read.errors) == 1
+    msg = read.errors[0].message
+    assert f"127.0.0.1:{port}" in msg and "cannot connect" in msg
+
+
+def test_server_answering_500_is_retried_a_bounded_number_of_times(http_stub, monkeypatch) -> None:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0.05")
+    stub = http_stub(lambda h, s: send_json(h, 500, {"error_code": "INTERNAL_ERROR", "message": "db gone"}))
+    read = read_source(stub.spec)
+    assert not read.segments and len(read.errors) == 1
+    msg = read.errors[0].message
+    assert f"127.0.0.1:{stub.port}" in msg and "HTTP 500" in msg and "db gone" in msg
+    assert len(stub.requests) == 3  # the first try and two retries, then it gives up
+
+
+def test_hanging_server_times_out_with_a_clear_message(http_stub, monkeypatch) -> None:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
+
+    def hang(h: BaseHTTPRequestHandler, s: Stub) -> None:
+        h.server.release.wait(30)  # type: ignore[attr-defined]
+
+    stub = http_stub(hang)
+    t = time.monotonic()
+    read = read_source(stub.spec)
+    assert time.monotonic() - t < 5
+    assert not read.segments and len(read.errors) == 1
+    msg = read.errors[0].message
+    assert f"127.0.0.1:{stub.port}" in msg and "within 1s" in msg
+    assert len(stub.requests) == 1  # a hang is not asked again
+
+
+def _auth_stub(h: BaseHTTPRequestHandler, s: Stub) -> None:
+    """401 unless the right bearer token is sent; then an empty but valid tracking server."""
+    if h.headers.get("Authorization") != f"Bearer {SECRET}":
+        send_json(h, 401, {"error_code": "UNAUTHENTICATED", "message": "bad token"})
+    elif "experiments/search" in h.path:
+        send_json(h, 200, {"experiments": [{"experiment_id": "0", "name": "Default"}]})
+    else:
+        send_json(h, 200, {})
+
+
+def test_wrong_token_is_an_error_that_does_not_print_the_token(http_stub, monkeypatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", SECRET + "-wrong")
+    stub = http_stub(_auth_stub)
+    read = read_source(stub.spec)
+    assert not read.segments and len(read.errors) == 1
+    msg = read.errors[0].message
+    assert "401" in msg and f"127.0.0.1:{stub.port}" in msg and "refused" in msg
+    assert SECRET not in msg
+    assert len(stub.requests) == 1  # wrong credentials are not retried
+
+
+def test_right_token_is_sent_as_a_bearer_header(http_stub, monkeypatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", SECRET)
+    stub = http_stub(_auth_stub)
+    read = read_source(stub.spec)
+    assert not read.errors and read.segments == [] and read.kinds == ["mlflow"]
+    assert all(hdr.get("Authorization") == f"Bearer {SECRET}" for _, _, hdr in stub.requests)
+
+
+def test_username_and_password_are_sent_as_basic_auth(http_stub, monkeypatch) -> None:
+    import base64
+
+    monkeypatch.delenv("MLFLOW_TRACKING_TOKEN", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "alice")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", SECRET)
+    stub = http_stub(lambda h, s: send_json(h, 403, {"error_code": "PERMISSION_DENIED", "message": "no"}))
+    read = read_source(stub.spec)
+    assert len(read.errors) == 1 and "403" in read.errors[0].message
+    assert SECRET not in read.errors[0].message
+    expected = "Basic " + base64.b64encode(f"alice:{SECRET}".encode()).decode()
+    assert stub.requests[0][2].get("Authorization") == expected
+
+
+def test_an_http_server_that_is_not_mlflow_is_an_error(http_stub) -> None:
+    def html(h: BaseHTTPRequestHandler, s: Stub) -> None:
+        body = b"<html>hello</html>"
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    stub = http_stub(html)
+    read = read_source(stub.spec)
+    assert len(read.errors) == 1 and "not JSON" in read.errors[0].message
+
+
+@pytest.mark.parametrize("spec, base, exp", [
+    ("mlflow://host:5000", "http://host:5000", None),
+    ("mlflow://host:5000/my%20exp", "http://host:5000", "my exp"),
+    ("mlflow+https://mlflow.example.com/12", "https://mlflow.example.com", "12"),
+    ("mlflow+http://10.0.0.1:80/a/b", "http://10.0.0.1:80", "a/b"),
+])
+def test_server_address_forms(spec: str, base: str, exp: str | None) -> None:
+    parsed = ms.parse_spec(spec)
+    assert (parsed.base_url, parsed.experiment) == (base, exp)
+
+
+def test_credentials_in_the_address_never_reach_the_report(monkeypatch) -> None:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    port = free_port()
+    read = read_source(f"mlflow://bob:{SECRET}@127.0.0.1:{port}")
+    assert read.errors and all(SECRET not in e.message and SECRET not in e.spec for e in read.errors)
+    assert SECRET not in read.spec
