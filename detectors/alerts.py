@@ -1,0 +1,234 @@
+"""Alerts for a judged reference reset: what one says, how it travels, and how its secrets stay hidden.
+
+A webhook URL is a credential (Slack's ``hooks.slack.com/services/T../B../XXXX`` path *is* the
+token), so nothing here ever prints one: every URL shown to a person goes through ``redact_url``,
+and every error message is scrubbed of the raw URL before it leaves this module.
+
+Delivery is at-least-once with backoff; the watcher (``detectors.watch``) keeps what is still
+pending in its state file, so a failed delivery is retried across restarts. Each POST carries an
+``X-Klwatch-Alert-Key`` header that stays the same for every retry of one alert, so a receiver can
+drop the duplicate that a crash between "receiver said 200" and "state recorded it" would cause.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlencode, urlsplit, urlunsplit
+
+from .model import BoundaryVerdict, LineageResult
+
+ALERT_KEY_HEADER = "X-Klwatch-Alert-Key"
+
+# Hosts whose whole path after its first segment is the secret (Slack, Discord, Teams, Google Chat).
+_HOOK_HOSTS = re.compile(r"(^|\.)(hooks\.slack(-gov)?\.com|discord(app)?\.com|webhook\.office\.com|"
+                         r"outlook\.office(365)?\.com|chat\.googleapis\.com)$", re.I)
+# On any host, what follows a segment with one of these names is a hook's id or token (Slack-style
+# ``/services/T../B../XXX``, Mattermost ``/hooks/ID``, ``/api/webhooks/ID/TOKEN``).
+_HOOK_SEGMENTS = {"services", "hooks", "hook", "webhooks", "webhook", "triggers", "workflows"}
+_TOKENISH = re.compile(r"^(?=.*\d)[A-Za-z0-9_\-]{12,}$|^[A-Za-z0-9_\-]{24,}$")
+"""A path segment that looks like a token: long and mixed with digits, or very long."""
+
+
+def _redact_path(host: str, path: str) -> str:
+    segs = path.split("/")
+    named = [i for i, seg in enumerate(segs) if seg.lower() in _HOOK_SEGMENTS]
+    keep = named[0] + 1 if named else (2 if _HOOK_HOSTS.search(host) else None)
+    if keep is not None and len(segs) > keep and any(segs[keep:]):
+        return "/".join(segs[:keep] + ["***"])
+    return "/".join("***" if _TOKENISH.match(seg) else seg for seg in segs)
+
+
+def redact_url(url: str) -> str:
+    """A URL safe to print: no userinfo, no query or fragment values, no token-like path parts.
+
+    ``https://hooks.slack.com/services/T0/B0/XYZ`` -> ``https://hooks.slack.com/services/***``;
+    ``https://user:pw@example.com/hook/abc123def456ghi?token=s`` -> ``https://***@example.com/hook/***?***``.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "***"
+    if not parts.scheme or not parts.netloc:
+        return "***"
+    host = parts.hostname or ""
+    netloc = host if ":" not in host else f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port is not None:
+        netloc += f":{port}"
+    if parts.username is not None or parts.password is not None:
+        netloc = "***@" + netloc
+    path = _redact_path(host, parts.path)
+    return urlunsplit((parts.scheme, netloc, path, "***" if parts.query else "", "***" if parts.fragment else ""))
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    """``text`` with every secret URL, and any secret part of it (userinfo, query, token path) that
+    shows up alone (e.g. in an exception message), replaced by its redacted form."""
+    for s in sorted(secrets, key=len, reverse=True):
+        if not s:
+            continue
+        shown = redact_url(s)
+        text = text.replace(s, shown)
+        try:
+            parts, red = urlsplit(s), urlsplit(shown)
+        except ValueError:
+            continue
+        for piece, safe in ((parts.password, "***"), (parts.username, "***"), (parts.query, "***"),
+                            (parts.path, red.path)):
+            if piece and len(piece) > 3 and piece != safe:
+                text = text.replace(piece, safe)
+    return text
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One reference reset, as every sink reports it. ``key`` identifies it across restarts."""
+
+    lineage_id: str
+    run: str
+    step: int
+    resumed_from_step: int | None
+    metric: str | None
+    kl_before: float | None
+    kl_after: float | None
+    score: float
+    explanation: str
+    evidence: list[str] = field(default_factory=list)
+    source: str = ""
+    verdict: str = "reference_reset"
+
+    @property
+    def key(self) -> str:
+        return f"{self.lineage_id}@{self.step}:{self.verdict}"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> "Alert":
+        return Alert(**json.loads(text))
+
+
+def alert_from_verdict(result: LineageResult, verdict: BoundaryVerdict, *, source: str) -> Alert:
+    b = verdict.boundary
+    return Alert(lineage_id=result.lineage.id, run=result.lineage.name, step=int(b.step),
+                 resumed_from_step=None if b.resumed_from_step is None else int(b.resumed_from_step),
+                 metric=result.metric, kl_before=verdict.kl_before, kl_after=verdict.kl_after,
+                 score=float(verdict.score), explanation=verdict.explanation, evidence=list(b.evidence),
+                 source=source, verdict=verdict.verdict)
+
+
+def dashboard_link(base: str | None, lineage_id: str) -> str | None:
+    """The dashboard view of one training run: ``BASE?run=<lineage id>``."""
+    if not base:
+        return None
+    sep = "&" if "?" in base else "?"
+    return f"{base}{sep}{urlencode({'run': lineage_id})}"
+
+
+def _g(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def alert_line(alert: Alert, *, dashboard_url: str | None) -> str:
+    """The stdout sink's one line."""
+    since = f" (resumed from step {alert.resumed_from_step})" if alert.resumed_from_step is not None else ""
+    link = dashboard_link(dashboard_url, alert.lineage_id)
+    return (f"klwatch ALERT reference reset: run {alert.run} [{alert.lineage_id}] at step {alert.step}{since}: "
+            f"KL {_g(alert.kl_before)} -> {_g(alert.kl_after)}, score {alert.score:.2f}"
+            + (f" {link}" if link else ""))
+
+
+def slack_payload(alert: Alert, *, dashboard_url: str | None) -> dict[str, Any]:
+    """A Slack-compatible body: ``text`` (notifications, plain receivers) and ``blocks`` (rich view)."""
+    link = dashboard_link(dashboard_url, alert.lineage_id)
+    since = str(alert.resumed_from_step) if alert.resumed_from_step is not None else "unknown"
+    text = (f":rotating_light: KL reference reset in run *{alert.run}* at step {alert.step}: "
+            f"KL {_g(alert.kl_before)} -> {_g(alert.kl_after)} (score {alert.score:.2f})")
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": "KL reference reset after a resume"}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": f"*{alert.run}*\n{alert.explanation}"},
+         "fields": [
+             {"type": "mrkdwn", "text": f"*Run*\n`{alert.lineage_id}`"},
+             {"type": "mrkdwn", "text": f"*Step*\n{alert.step} (resumed from {since})"},
+             {"type": "mrkdwn", "text": f"*KL before -> after*\n{_g(alert.kl_before)} -> {_g(alert.kl_after)}"},
+             {"type": "mrkdwn", "text": f"*Score*\n{alert.score:.2f}"},
+         ]},
+        {"type": "context", "elements": [
+            {"type": "mrkdwn", "text": f"metric `{alert.metric or '-'}` · evidence {', '.join(alert.evidence) or '-'}"
+                                       f" · source `{alert.source}`"}]},
+    ]
+    if link:
+        blocks.append({"type": "actions", "elements": [
+            {"type": "button", "text": {"type": "plain_text", "text": "Open in klwatch dashboard"}, "url": link}]})
+        text += f" <{link}|dashboard>"
+    return {"text": text, "blocks": blocks,
+            "klwatch": {"key": alert.key, "lineage_id": alert.lineage_id, "run": alert.run, "step": alert.step,
+                        "resumed_from_step": alert.resumed_from_step, "kl_before": alert.kl_before,
+                        "kl_after": alert.kl_after, "score": alert.score, "metric": alert.metric,
+                        "dashboard": link}}
+
+
+@dataclass
+class Delivery:
+    """How one delivery went; ``error`` is already scrubbed of the URL's secrets."""
+
+    ok: bool
+    attempts: int
+    status: int | None = None
+    error: str | None = None
+
+
+def backoff_delay(failures: int, *, base: float, cap: float) -> float:
+    """Exponential backoff: base, 2*base, 4*base, ... never above ``cap``."""
+    return min(cap, base * (2.0 ** max(0, failures - 1)))
+
+
+def _split_userinfo(url: str) -> tuple[str, dict[str, str]]:
+    """``https://user:pw@host/x`` -> (``https://host/x``, Basic auth header): urllib cannot send userinfo."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, {}
+    host = parts.netloc.rsplit("@", 1)[1]
+    cred = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}".encode()
+    return urlunsplit(parts._replace(netloc=host)), {"Authorization": "Basic " + base64.b64encode(cred).decode()}
+
+
+def post_webhook(url: str, payload: dict[str, Any], *, key: str, attempts: int = 3, backoff: float = 0.5,
+                 timeout: float = 10.0) -> Delivery:
+    """POST ``payload`` as JSON; retry transport errors, 429 and 5xx with exponential backoff.
+
+    Any 2xx is delivered. Other 4xx answers are not retried here (the watcher retries them later,
+    with its longer backoff, in case the receiver is being fixed).
+    """
+    body = json.dumps(payload).encode()
+    target, headers = _split_userinfo(url)
+    headers.update({"Content-Type": "application/json", ALERT_KEY_HEADER: key, "User-Agent": "klwatch"})
+    last = Delivery(ok=False, attempts=0)
+    for n in range(1, attempts + 1):
+        req = urllib.request.Request(target, data=body, method="POST", headers=headers)
+        retry = True
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                resp.read()
+                return Delivery(ok=True, attempts=n, status=resp.status)
+        except urllib.error.HTTPError as exc:
+            retry = exc.code == 429 or exc.code >= 500
+            last = Delivery(ok=False, attempts=n, status=exc.code, error=scrub(f"HTTP {exc.code} {exc.reason}", [url]))
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            last = Delivery(ok=False, attempts=n, error=scrub(f"{type(exc).__name__}: {reason}", [url]))
+        if not retry or n == attempts:
+            break
+        time.sleep(backoff_delay(n, base=backoff, cap=30.0))
+    return last

@@ -1,0 +1,576 @@
+"""``klwatch watch``: poll live runs, judge each resume boundary as soon as it can be, alert once.
+
+Three parts, each for one reason:
+
+- ``LocalReadCache`` reads a local SOURCE the way ``detectors.sources.local`` does, but re-reads
+  only the files (or run folders, stores) whose size or mtime changed since the last poll and
+  reuses the Segments of the rest. Remote sources (``wandb://``, ``mlflow://``) are read in full
+  at every poll: their readers fetch whole histories and expose no "since step N" query.
+- ``AlertState`` is the watcher's memory, a SQLite file. An alert is recorded (one row, unique on
+  lineage id + boundary step + verdict) together with one pending delivery per sink, in one
+  transaction, *before* anything is sent; a delivery is marked done in its own transaction after the
+  sink accepted it. So a watcher killed at any point and restarted neither re-alerts a boundary
+  (the row exists) nor loses one (a boundary that arose while it was down is judged on the next
+  pass; a delivery that had not completed is still pending). The one window left is a kill between
+  "the webhook answered 200" and "marked delivered": that alert is sent again, with the same
+  ``X-Klwatch-Alert-Key`` header so the receiver can drop it.
+- ``watch_pass`` is one poll: read, stitch and judge through ``detectors.pipeline``, record new
+  resets, deliver what is due.
+
+A boundary judged ``inconclusive`` (too few points after the resume yet) is simply judged again at
+the next poll; only ``reference_reset`` verdicts are alerted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import importlib
+import os
+import signal
+import sqlite3
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Optional, TextIO
+
+import typer
+
+from .alerts import Alert, alert_from_verdict, alert_line, backoff_delay, post_webhook, redact_url, scrub, slack_payload
+from .cli_common import GroupOpt, IntentOpt, LineageOpt, MetricOpt, ResetScoreOpt, RestartOpt, SourcesArg, build_config, err
+from .model import Segment, SegmentKind, SourceError, SourceRead
+from .pipeline import ScanConfig, ScanResult, _matches, build_lineages, judge_lineage
+from .reference_reset import ReferenceResetConfig
+from .report import EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
+from .sources import read_source, split_pattern
+from .sources.local import CHECKPOINT_DIR, SKIP_DIRS, TABLE_SUFFIXES, is_mlflow_sqlite, is_mlruns_dir, is_wandb_run_dir
+
+DEFAULT_STATE = ".klwatch-state.db"
+
+# ----------------------------------------------------------------------------- incremental reads
+
+# kind of unit -> (segment kind, reader module under detectors.sources, reader function); the order
+# is the order ``read_local`` reads them in, so the Segments come out in the same order.
+_UNIT_READERS: dict[str, tuple[SegmentKind, str, str]] = {
+    "tensorboard": ("tensorboard", "tensorboard", "read_tensorboard_file"),
+    "table": ("table", "tables", "read_table"),
+    "wandb": ("wandb-offline", "wandb_log", "read_wandb_run_dir"),
+    "mlflow-sqlite": ("mlflow", "mlflow_local", "read_mlflow_sqlite"),
+    "mlruns": ("mlflow", "mlflow_local", "read_mlruns"),
+    "checkpoints": ("checkpoints", "checkpoints", "read_checkpoint_dir"),
+}
+
+
+@dataclass
+class ReadStats:
+    """What the last poll of one source cost: units read from disk vs reused from the cache."""
+
+    read: int = 0
+    reused: int = 0
+    full: bool = False
+    """True when the source was read in full (remote, or a local source the cache cannot split)."""
+
+
+def _discover(root: Path, spec: str, errors: list[SourceError]) -> list[tuple[str, Path]]:
+    """The readable units under ``root``, found exactly as ``read_local`` finds them."""
+    found: dict[str, list[Path]] = {k: [] for k in _UNIT_READERS}
+    checkpoint_parents: set[Path] = set()
+
+    def visit_file(p: Path) -> None:
+        if "tfevents" in p.name:
+            found["tensorboard"].append(p)
+        elif p.suffix in TABLE_SUFFIXES:
+            found["table"].append(p)
+        elif p.suffix == ".db" and is_mlflow_sqlite(p):
+            found["mlflow-sqlite"].append(p)
+
+    if root.is_file():
+        visit_file(root)
+    else:
+        for dirpath, dirnames, filenames in os.walk(root, onerror=lambda e: errors.append(
+                SourceError(spec, f"cannot list {e.filename}: {e.strerror}", ref=str(e.filename)))):
+            d = Path(dirpath)
+            if is_wandb_run_dir(d):
+                found["wandb"].append(d)
+                dirnames[:] = []
+                continue
+            if is_mlruns_dir(d):
+                found["mlruns"].append(d)
+                dirnames[:] = []
+                continue
+            if CHECKPOINT_DIR.match(d.name):
+                checkpoint_parents.add(d.parent)
+                dirnames[:] = []
+                continue
+            dirnames[:] = sorted(n for n in dirnames if n not in SKIP_DIRS)
+            for f in sorted(filenames):
+                visit_file(d / f)
+    found["checkpoints"] = list(checkpoint_parents)
+    return [(kind, p) for kind in _UNIT_READERS for p in sorted(found[kind])]
+
+
+def _stat(p: Path) -> tuple[int, int]:
+    try:
+        st = p.stat()
+        return st.st_size, st.st_mtime_ns
+    except OSError:
+        return -1, -1
+
+
+def _fingerprint(kind: str, path: Path) -> tuple[Any, ...]:
+    """Changes whenever what the unit's reader would read changes (size or mtime of its files)."""
+    if kind in ("tensorboard", "table"):
+        return _stat(path)
+    if kind == "mlflow-sqlite":  # a live MLflow writer may hold recent rows in the WAL
+        return _stat(path) + _stat(path.with_name(path.name + "-wal"))
+    if kind == "checkpoints":  # the checkpoint folders and their top-level files, never the weights
+        out: list[Any] = [_stat(path)]
+        with contextlib.suppress(OSError):
+            for d in sorted(path.iterdir()):
+                if d.is_dir() and CHECKPOINT_DIR.match(d.name):
+                    out.append((d.name, _stat(d)))
+                    with contextlib.suppress(OSError):
+                        out.extend((d.name, f.name, _stat(f)) for f in sorted(d.iterdir()) if f.is_file())
+        return tuple(out)
+    out = []
+    for dirpath, _, filenames in os.walk(path):  # wandb run folders, mlruns trees
+        for f in sorted(filenames):
+            p = Path(dirpath) / f
+            out.append((str(p.relative_to(path)), _stat(p)))
+    return tuple(sorted(out))
+
+
+def _ref(path: Path, base: Path, root: Path) -> str:
+    """The unit's ref, as ``read_local`` names it."""
+    if path == root:
+        return path.name if root.is_file() else "."
+    try:
+        return str(path.relative_to(base))
+    except ValueError:
+        return str(path)
+
+
+def _copy_segment(seg: Segment) -> Segment:
+    """A copy the pipeline may annotate without touching the cached one (series arrays are shared)."""
+    out = copy.copy(seg)
+    out.series = dict(seg.series)
+    out.config = copy.deepcopy(seg.config)
+    out.tags = dict(seg.tags)
+    out.meta = dict(seg.meta)
+    out.warnings = list(seg.warnings)
+    out.checkpoint_steps = list(seg.checkpoint_steps)
+    return out
+
+
+class LocalReadCache:
+    """Reads SOURCEs for the watcher, re-reading only what changed on disk since the last poll."""
+
+    def __init__(self) -> None:
+        self._units: dict[tuple[str, str, str], tuple[tuple[Any, ...], list[Segment]]] = {}
+        self.stats: dict[str, ReadStats] = {}
+
+    def read(self, spec: str) -> SourceRead:
+        """Read one SOURCE (``#PATTERN`` already removed)."""
+        if spec.startswith(("wandb://", "mlflow://", "mlflow+http://", "mlflow+https://")):
+            self.stats[spec] = ReadStats(full=True)
+            return read_source(spec)
+        try:
+            return self._read_local(spec)
+        except ImportError:  # a reader this build lacks: let the ordinary path say so
+            self.stats[spec] = ReadStats(full=True)
+            return read_source(spec)
+
+    def _read_local(self, spec: str) -> SourceRead:
+        root = Path(spec).expanduser()
+        out = SourceRead(spec=spec)
+        stats = self.stats[spec] = ReadStats()
+        if not root.exists():
+            out.errors.append(SourceError(spec, f"no such file or folder: {spec}"))
+            return out
+        if not os.access(root, os.R_OK):
+            out.errors.append(SourceError(spec, f"permission denied: {spec}"))
+            return out
+        base = root if root.is_dir() else root.parent
+        units = _discover(root, spec, out.errors)
+        live: set[tuple[str, str, str]] = set()
+        for kind, path in units:
+            seg_kind, module, func = _UNIT_READERS[kind]
+            key = (spec, kind, str(path))
+            live.add(key)
+            fp = _fingerprint(kind, path)
+            cached = self._units.get(key)
+            if cached is not None and cached[0] == fp:
+                segs = cached[1]
+                stats.reused += 1
+            else:
+                reader: Callable[..., list[Segment]] = getattr(importlib.import_module(f"detectors.sources.{module}"), func)
+                segs = _read_unit(reader, seg_kind, path, ref=_ref(path, base, root), spec=spec)
+                self._units[key] = (fp, segs)
+                stats.read += 1
+            out.segments.extend(_copy_segment(s) for s in segs)
+            if seg_kind not in out.kinds:
+                out.kinds.append(seg_kind)
+        for key in [k for k in self._units if k[0] == spec and k not in live]:
+            del self._units[key]  # a file that went away is forgotten, not reported from the cache
+        if not out.segments and not out.errors:
+            out.errors.append(SourceError(spec, f"{spec}: no runs found (no W&B run folders, MLflow stores, "
+                                                "TensorBoard event files, tables or checkpoint folders)"))
+        return out
+
+
+def _read_unit(reader: Callable[..., list[Segment]], kind: SegmentKind, path: Path, *, ref: str, spec: str) -> list[Segment]:
+    """One reader call, failures turned into an error Segment naming the file (as ``read_local`` does)."""
+    from .sources.local import ReadError
+
+    try:
+        segs = reader(path, ref=ref, source=spec)
+    except (ReadError, OSError, ValueError, sqlite3.Error) as exc:
+        segs = [Segment(kind=kind, ref=ref, source=spec, store=str(path), error=f"{ref}: {exc}")]
+    except Exception as exc:  # reader bug: still name the file, keep going
+        segs = [Segment(kind=kind, ref=ref, source=spec, store=str(path), error=f"{ref}: {type(exc).__name__}: {exc}")]
+    for s in segs:
+        if s.error and not s.error.startswith(s.ref):
+            s.error = f"{s.ref}: {s.error}"
+    return segs
+
+
+def judge_sources(specs: list[str], *, config: ScanConfig, cache: LocalReadCache) -> ScanResult:
+    """``pipeline.scan`` with reads through the cache: the same stitching, the same verdicts."""
+    results = []
+    reads = []
+    for spec in specs:
+        base, pattern = split_pattern(spec)
+        read = cache.read(base)
+        read.spec = spec
+        reads.append(read)
+        matched = 0
+        for lineage in build_lineages(read.segments, config=config):
+            if _matches(pattern, lineage):
+                matched += 1
+                results.append(judge_lineage(lineage, config=config))
+        if pattern and read.segments and not matched:
+            read.errors.append(SourceError(spec, f"{spec}: no training run matches #{pattern}"))
+    return ScanResult(sources=reads, results=results)
+
+
+# --------------------------------------------------------------------------------------- state
+
+
+@dataclass(frozen=True)
+class Sink:
+    """Where alerts go. ``id`` is stable across restarts and holds no secret (a hash of the URL)."""
+
+    id: str
+    label: str
+    url: str | None = None
+
+    @staticmethod
+    def stdout() -> "Sink":
+        return Sink("stdout", "stdout")
+
+    @staticmethod
+    def webhook(url: str) -> "Sink":
+        return Sink("webhook:" + hashlib.sha256(url.encode()).hexdigest()[:16], redact_url(url), url)
+
+
+@dataclass
+class PendingDelivery:
+    alert_id: int
+    alert: Alert
+    sink_id: str
+    attempts: int
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS alerts (
+    id INTEGER PRIMARY KEY,
+    lineage_id TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    verdict TEXT NOT NULL,
+    run TEXT NOT NULL,
+    source TEXT NOT NULL,
+    alert TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    UNIQUE (lineage_id, step, verdict)
+);
+CREATE TABLE IF NOT EXISTS deliveries (
+    alert_id INTEGER NOT NULL REFERENCES alerts(id),
+    sink TEXT NOT NULL,
+    sink_label TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('pending', 'delivered')),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL NOT NULL DEFAULT 0,
+    last_error TEXT,
+    delivered_at REAL,
+    PRIMARY KEY (alert_id, sink)
+);
+"""
+
+
+class StateLocked(RuntimeError):
+    """Another watcher holds the state file."""
+
+
+class AlertState:
+    """The watcher's SQLite memory: which boundaries were alerted, and which deliveries are pending.
+
+    Every change is one transaction (``synchronous=FULL``), so a SIGKILL leaves either the whole
+    change or none of it. An exclusive ``flock`` on ``STATE.lock`` keeps two watchers from sharing a
+    file (the kernel drops it when the process dies, however it dies).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = self._take_lock(Path(str(self.path) + ".lock"))
+        self.db = sqlite3.connect(str(self.path), isolation_level=None, timeout=30.0)
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.executescript(_SCHEMA)
+        self.db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema', 'klwatch.watch-state/1')")
+
+    @staticmethod
+    def _take_lock(path: Path) -> Any:
+        try:
+            import fcntl
+        except ImportError:  # no flock on this platform: rely on SQLite's own locking
+            return None
+        fh = open(path, "a+")
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.close()
+            raise StateLocked(f"another klwatch watch is using {path.with_suffix('')}") from None
+        return fh
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    def close(self) -> None:
+        self.db.close()
+        if self._lock is not None:
+            self._lock.close()
+
+    def record(self, alert: Alert, sinks: list[Sink], *, now: float) -> bool:
+        """Remember a new alert with a pending delivery per sink; False when it was already known."""
+        with self._tx() as db:
+            cur = db.execute("INSERT OR IGNORE INTO alerts(lineage_id, step, verdict, run, source, alert, created_at) "
+                             "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                             (alert.lineage_id, alert.step, alert.verdict, alert.run, alert.source, alert.to_json(), now))
+            if cur.rowcount == 0:
+                return False
+            alert_id = cur.lastrowid
+            db.executemany("INSERT INTO deliveries(alert_id, sink, sink_label, status) VALUES (?, ?, ?, 'pending')",
+                           [(alert_id, s.id, s.label) for s in sinks])
+        return True
+
+    def due(self, *, now: float | None) -> list[PendingDelivery]:
+        """Pending deliveries whose backoff has run out (all pending ones when ``now`` is None)."""
+        q = ("SELECT d.alert_id, a.alert, d.sink, d.attempts FROM deliveries d JOIN alerts a ON a.id = d.alert_id "
+             "WHERE d.status = 'pending'" + ("" if now is None else " AND d.next_attempt_at <= ?") +
+             " ORDER BY d.alert_id, d.sink")
+        rows = self.db.execute(q, () if now is None else (now,)).fetchall()
+        return [PendingDelivery(r[0], Alert.from_json(r[1]), r[2], r[3]) for r in rows]
+
+    def mark_delivered(self, d: PendingDelivery, *, attempts: int, now: float) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE deliveries SET status='delivered', attempts=attempts+?, delivered_at=?, last_error=NULL "
+                       "WHERE alert_id=? AND sink=?", (attempts, now, d.alert_id, d.sink_id))
+
+    def mark_failed(self, d: PendingDelivery, *, attempts: int, error: str, next_at: float) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE deliveries SET attempts=attempts+?, last_error=?, next_attempt_at=? "
+                       "WHERE alert_id=? AND sink=?", (attempts, error, next_at, d.alert_id, d.sink_id))
+
+    def alerted_keys(self) -> list[tuple[str, int, str]]:
+        return [tuple(r) for r in self.db.execute("SELECT lineage_id, step, verdict FROM alerts ORDER BY id")]  # type: ignore[misc]
+
+    def pending(self) -> list[tuple[str, str, int, str | None]]:
+        """(alert key, sink label, attempts, last error) of every undelivered alert."""
+        rows = self.db.execute("SELECT a.lineage_id, a.step, a.verdict, d.sink_label, d.attempts, d.last_error "
+                               "FROM deliveries d JOIN alerts a ON a.id = d.alert_id WHERE d.status='pending'").fetchall()
+        return [(f"{r[0]}@{r[1]}:{r[2]}", r[3], r[4], r[5]) for r in rows]
+
+
+# ---------------------------------------------------------------------------------------- pass
+
+
+@dataclass(frozen=True)
+class DeliveryConfig:
+    """How hard to try: inline attempts per delivery, then a persisted backoff between passes."""
+
+    attempts: int = 3
+    backoff: float = 0.5
+    retry_base: float = 5.0
+    retry_cap: float = 300.0
+    timeout: float = 10.0
+
+
+@dataclass
+class PassReport:
+    """What one poll did."""
+
+    result: ScanResult
+    new_alerts: list[Alert] = field(default_factory=list)
+    delivered: int = 0
+    failed: int = 0
+    read_stats: dict[str, ReadStats] = field(default_factory=dict)
+
+
+def deliver(state: AlertState, sinks: list[Sink], *, dashboard_url: str | None, out: TextIO,
+            config: DeliveryConfig, respect_backoff: bool) -> tuple[int, int]:
+    """Send every due pending delivery to its sink; returns (delivered, failed)."""
+    by_id = {s.id: s for s in sinks}
+    secrets = [s.url for s in sinks if s.url]
+    delivered = failed = 0
+    for d in state.due(now=time.time() if respect_backoff else None):
+        sink = by_id.get(d.sink_id)
+        if sink is None:
+            continue  # a webhook not given this time: stays pending for a watcher that has it
+        if sink.url is None:
+            out.write(alert_line(d.alert, dashboard_url=dashboard_url) + "\n")
+            out.flush()
+            state.mark_delivered(d, attempts=1, now=time.time())
+            delivered += 1
+            continue
+        res = post_webhook(sink.url, slack_payload(d.alert, dashboard_url=dashboard_url), key=d.alert.key,
+                           attempts=config.attempts, backoff=config.backoff, timeout=config.timeout)
+        if res.ok:
+            state.mark_delivered(d, attempts=res.attempts, now=time.time())
+            delivered += 1
+        else:
+            failed += 1
+            total = d.attempts + res.attempts
+            error = scrub(res.error or "failed", secrets)
+            state.mark_failed(d, attempts=res.attempts, error=error,
+                              next_at=time.time() + backoff_delay(total, base=config.retry_base, cap=config.retry_cap))
+            err.print(f"[yellow]warning[/] alert for {d.alert.run} step {d.alert.step} not delivered to {sink.label} "
+                      f"({error}); {total} attempt(s), will retry", highlight=False)
+    return delivered, failed
+
+
+def watch_pass(specs: list[str], *, config: ScanConfig, cache: LocalReadCache, state: AlertState, sinks: list[Sink],
+               dashboard_url: str | None, out: TextIO, delivery: DeliveryConfig = DeliveryConfig(),
+               respect_backoff: bool = True) -> PassReport:
+    """One poll: read what changed, judge every boundary, record new resets, deliver what is due."""
+    result = judge_sources(specs, config=config, cache=cache)
+    report = PassReport(result=result, read_stats=dict(cache.stats))
+    now = time.time()
+    for r in result.results:
+        source = next((s.source for s in r.lineage.segments if s.source), "")
+        for v in r.verdicts:
+            if v.verdict != "reference_reset":
+                continue
+            alert = alert_from_verdict(r, v, source=source)
+            if state.record(alert, sinks, now=now):
+                report.new_alerts.append(alert)
+    report.delivered, report.failed = deliver(state, sinks, dashboard_url=dashboard_url, out=out, config=delivery,
+                                              respect_backoff=respect_backoff)
+    return report
+
+
+# ----------------------------------------------------------------------------------------- CLI
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise _Stop()
+
+
+def watch_command(
+    sources: SourcesArg,
+    every: Annotated[float, typer.Option("--every", min=0.05, help="Seconds between polls.")] = 60.0,
+    state_path: Annotated[Path, typer.Option("--state", help="SQLite file remembering alerts across restarts.")] = Path(DEFAULT_STATE),
+    webhook: Annotated[Optional[list[str]], typer.Option("--webhook", help="POST alerts (Slack-compatible JSON) to URL (repeatable).")] = None,
+    dashboard_url: Annotated[Optional[str], typer.Option("--dashboard-url", help="Dashboard base URL for links: BASE?run=<lineage id>.")] = None,
+    once: Annotated[bool, typer.Option("--once", help="One pass, then exit (for cron).")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="A line per poll on stderr.")] = False,
+    metric: MetricOpt = None,
+    intentional_reset: IntentOpt = None,
+    restart: RestartOpt = None,
+    group_by: GroupOpt = None,
+    lineage: LineageOpt = None,
+    reset_score: ResetScoreOpt = ReferenceResetConfig.reset_score,
+) -> None:
+    """Poll live runs and alert each newly judged reference reset exactly once (stdout, webhooks).
+
+    Exit codes with --once: 0 pass done; 2 bad usage or nothing readable; 3 some sources unreadable
+    or an alert could not be delivered (it stays pending in --state and is retried next time).
+    """
+    if not sources:
+        err.print("[red]error[/] give at least one SOURCE")
+        raise typer.Exit(EXIT_USAGE)
+    urls = list(webhook or [])
+    for u in urls:
+        if not u.startswith(("http://", "https://")):
+            err.print(f"[red]error[/] --webhook must be an http(s) URL, not {redact_url(u)!r}", highlight=False)
+            raise typer.Exit(EXIT_USAGE)
+    config = build_config(metric, intentional_reset, restart, group_by, lineage, reset_score, findings=False)
+    sinks = [Sink.stdout()] + [Sink.webhook(u) for u in dict.fromkeys(urls)]
+    try:
+        state = AlertState(state_path)
+    except StateLocked as exc:
+        err.print(f"[red]error[/] {exc}", highlight=False)
+        raise typer.Exit(EXIT_USAGE)
+    except sqlite3.Error as exc:
+        err.print(f"[red]error[/] cannot use --state {state_path}: {exc}", highlight=False)
+        raise typer.Exit(EXIT_USAGE)
+    cache = LocalReadCache()
+    shown_errors: set[str] = set()
+    if not once:
+        signal.signal(signal.SIGTERM, _stop)
+        err.print(f"klwatch watch: {len(sources)} source(s) every {every:g}s; state {state_path}; alerts to "
+                  + ", ".join(s.label for s in sinks), highlight=False)
+    code = EXIT_OK
+    try:
+        while True:
+            started = time.monotonic()
+            report = watch_pass(list(sources), config=config, cache=cache, state=state, sinks=sinks,
+                                dashboard_url=dashboard_url, out=sys.stdout, respect_backoff=not once)
+            _show_errors(report.result, shown_errors)
+            if verbose:
+                _show_pass(report, state)
+            if once:
+                if report.result.nothing_read:
+                    code = EXIT_USAGE
+                elif report.result.any_error or state.pending():
+                    code = EXIT_UNREADABLE
+                break
+            time.sleep(max(0.0, every - (time.monotonic() - started)))
+    except (KeyboardInterrupt, _Stop):
+        pass
+    finally:
+        state.close()
+    raise typer.Exit(code)
+
+
+def _show_errors(result: ScanResult, shown: set[str]) -> None:
+    """Each unreadable source or run once (not at every poll)."""
+    msgs = [e.message for s in result.sources for e in s.errors]
+    msgs += [f"{r.lineage.name}: {r.error}" for r in result.results if r.error]
+    for m in msgs:
+        if m not in shown:
+            shown.add(m)
+            err.print(f"[red]error[/] {m}", highlight=False)
+
+
+def _show_pass(report: PassReport, state: AlertState) -> None:
+    read = sum(s.read for s in report.read_stats.values())
+    reused = sum(s.reused for s in report.read_stats.values())
+    judged = sum(len(r.verdicts) for r in report.result.results)
+    err.print(f"poll: {len(report.result.results)} run(s), {judged} boundary(ies) judged; files read {read}, "
+              f"reused {reused}; {len(report.new_alerts)} new alert(s); {len(state.pending())} delivery(ies) pending",
+              highlight=False)

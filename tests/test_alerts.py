@@ -1,0 +1,169 @@
+"""Alert sinks against a real HTTP receiver on 127.0.0.1: the body a Slack webhook accepts, retries
+with backoff, and no secret of a webhook URL in anything printed."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from detectors.alerts import (ALERT_KEY_HEADER, Alert, alert_line, dashboard_link, post_webhook, redact_url, scrub,
+                              slack_payload)
+
+
+@dataclass
+class Request:
+    path: str
+    headers: dict[str, str]
+    body: dict
+    status: int
+    at: float
+
+
+@dataclass
+class Receiver:
+    """A webhook receiver on loopback that records every POST and fails the first ``fail_first``."""
+
+    fail_first: int = 0
+    fail_status: int = 500
+    requests: list[Request] = field(default_factory=list)
+    server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    @property
+    def delivered(self) -> list[Request]:
+        return [r for r in self.requests if r.status == 200]
+
+    def start(self) -> "Receiver":
+        recv = self
+        lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with lock:
+                    status = recv.fail_status if len(recv.requests) < recv.fail_first else 200
+                    recv.requests.append(Request(self.path, dict(self.headers), json.loads(body), status, time.time()))
+                self.send_response(status)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver().start()
+    yield r
+    r.stop()
+
+
+ALERT = Alert(lineage_id="tensorboard:runs:grpo/7b", run="grpo-7b", step=41, resumed_from_step=40,
+              metric="train/kl_penalty", kl_before=0.118, kl_after=5.7e-06, score=0.998,
+              explanation="KL fell from 0.118 to 5.7e-06 at the resume.", evidence=["new_event_file", "time_gap"],
+              source="runs/")
+
+
+@pytest.mark.parametrize("url, shown, secret", [
+    ("https://hooks.slack.com/services/T0AAA1111/B0BBB2222/abcdefghijklmnopqrstuvwx",
+     "https://hooks.slack.com/services/***", "abcdefghijklmnopqrstuvwx"),
+    ("https://discord.com/api/webhooks/123456789012345678/Zx9_token-Value", "https://discord.com/api/webhooks/***",
+     "Zx9_token-Value"),
+    ("https://alice:s3cretpw@alerts.example.com/notify?token=qwerty123#frag",
+     "https://***@alerts.example.com/notify?***#***", "s3cretpw"),
+    ("https://alerts.example.com/hook/9f86d081884c7d659a2feaa0c55ad015", "https://alerts.example.com/hook/***",
+     "9f86d081884c7d659a2feaa0c55ad015"),
+])
+def test_redacted_url_hides_tokens_userinfo_and_query(url, shown, secret):
+    assert redact_url(url) == shown
+    assert secret not in redact_url(url)
+    message = f"POST {url} failed; path {urlsplit(url).path}; query {urlsplit(url).query}"
+    assert secret not in scrub(message, [url])
+
+
+def test_plain_loopback_url_is_shown_as_is():
+    assert redact_url("http://127.0.0.1:8080/hook") == "http://127.0.0.1:8080/hook"
+
+
+def test_slack_body_names_run_step_kl_score_and_links_the_dashboard_view():
+    body = slack_payload(ALERT, dashboard_url="https://klwatch.example.com/")
+    json.dumps(body)  # serialisable as sent
+    assert "grpo-7b" in body["text"] and "41" in body["text"] and "0.118" in body["text"]
+    assert [b["type"] for b in body["blocks"]][:2] == ["header", "section"]
+    fields = " ".join(f["text"] for f in body["blocks"][1]["fields"])
+    for needle in ("tensorboard:runs:grpo/7b", "41", "resumed from 40", "0.118 -> 5.7e-06", "1.00"):
+        assert needle in fields
+    button = body["blocks"][-1]["elements"][0]
+    assert button["type"] == "button"
+    q = parse_qs(urlsplit(button["url"]).query)
+    assert q == {"run": ["tensorboard:runs:grpo/7b"]}
+    assert body["klwatch"]["key"] == "tensorboard:runs:grpo/7b@41:reference_reset"
+
+
+def test_without_dashboard_url_there_is_no_link():
+    body = slack_payload(ALERT, dashboard_url=None)
+    assert all(b["type"] != "actions" for b in body["blocks"])
+    assert "http" not in alert_line(ALERT, dashboard_url=None)
+
+
+def test_dashboard_link_keeps_an_existing_query():
+    assert dashboard_link("http://h:8501/?page=runs", "a b") == "http://h:8501/?page=runs&run=a+b"
+
+
+def test_webhook_retries_with_backoff_until_the_receiver_accepts(receiver):
+    receiver.fail_first = 2
+    res = post_webhook(receiver.url + "/hook", slack_payload(ALERT, dashboard_url=None), key=ALERT.key,
+                       attempts=3, backoff=0.2)
+    assert res.ok and res.attempts == 3 and res.status == 200
+    assert [r.status for r in receiver.requests] == [500, 500, 200]
+    assert {r.headers[ALERT_KEY_HEADER] for r in receiver.requests} == {ALERT.key}
+    gaps = [b.at - a.at for a, b in zip(receiver.requests, receiver.requests[1:])]
+    assert gaps[0] >= 0.18 and gaps[1] >= 0.38  # 0.2 s, then doubled
+    assert receiver.requests[-1].body["text"].startswith(":rotating_light:")
+
+
+def test_userinfo_is_sent_as_basic_auth_not_in_the_url(receiver):
+    url = receiver.url.replace("http://", "http://bot:pa55word@") + "/hook"
+    res = post_webhook(url, {"text": "x"}, key="k", attempts=1)
+    assert res.ok
+    assert receiver.requests[0].headers["Authorization"] == "Basic Ym90OnBhNTV3b3Jk"
+
+
+def test_a_client_error_is_not_retried_inline(receiver):
+    receiver.fail_first, receiver.fail_status = 5, 404
+    res = post_webhook(receiver.url + "/hook", {"text": "x"}, key="k", attempts=3, backoff=0.05)
+    assert not res.ok and res.attempts == 1 and res.status == 404
+    assert len(receiver.requests) == 1
+
+
+def test_failed_delivery_error_never_holds_the_secret():
+    # A closed port: the transport error must not echo the token in the path or query.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/services/T0AAA1111/B0BBB2222/abcdefghijklmnop1234?token=qwerty987"
+    res = post_webhook(url, {"text": "x"}, key="k", attempts=2, backoff=0.01, timeout=2)
+    assert not res.ok and res.attempts == 2
+    assert res.error and "abcdefghijklmnop1234" not in res.error and "qwerty987" not in res.error

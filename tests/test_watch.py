@@ -1,0 +1,261 @@
+"""``klwatch watch`` as it runs in production: a real process polling real, growing TensorBoard logs
+(the sample generator writing a run that restarts), alerting a real HTTP receiver on 127.0.0.1,
+killed with SIGKILL and restarted, and still alerting every reset exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from detectors.pipeline import ScanConfig
+from detectors.sources.local import read_local
+from detectors.watch import AlertState, LocalReadCache, Sink, StateLocked, judge_sources, watch_pass
+from test_alerts import Receiver
+
+REPO = Path(__file__).resolve().parents[1]
+KLWATCH = [sys.executable, "-m", "detectors.cli"]
+ENV = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
+
+
+def write_run(folder: Path, *, resumes: list[int], buggy: bool, last: int = 60, seed: int = 0,
+              start_wall: float = 1_700_000_000.0) -> None:
+    """One training run as TensorBoard logs it: a new event file per process."""
+    from tensorboardX import SummaryWriter
+
+    rng = np.random.default_rng(seed)
+    starts, ends = [1] + [r + 1 for r in resumes], resumes + [last]
+    ref, wall = 0, start_wall
+    for k, (a, b) in enumerate(zip(starts, ends)):
+        if k and buggy:
+            ref = a - 1
+        w = SummaryWriter(str(folder), filename_suffix=f".p{k}")
+        for s in range(a, b + 1):
+            w.add_scalar("train/kl_penalty", 0.05 * (1 - np.exp(-(s - ref) / 8.0)) * np.exp(rng.normal(0, 0.1)), s,
+                         walltime=wall)
+            wall += 5.0
+        w.close()
+        wall += 900.0
+
+
+def klwatch(*args: object) -> Result:
+    """The real command, in this process (a subprocess per call would cost seconds of imports)."""
+    from detectors.cli import app
+
+    res = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+    return Result(res.exit_code, res.stdout, res.stderr)
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver().start()
+    yield r
+    r.stop()
+
+
+def alerts_in(state: Path) -> list[tuple]:
+    con = sqlite3.connect(f"file:{state}?mode=ro", uri=True)
+    try:
+        return con.execute("SELECT a.lineage_id, a.step, d.sink, d.status FROM alerts a JOIN deliveries d "
+                           "ON d.alert_id = a.id ORDER BY a.step, d.sink").fetchall()
+    finally:
+        con.close()
+
+
+# ------------------------------------------------------------------------------- incremental reads
+
+
+def _shape(read):
+    return sorted((s.kind, s.ref, s.error, tuple(sorted((n, tuple(v.steps), tuple(v.values)) for n, v in s.series.items())))
+                  for s in read.segments), read.kinds, [e.message for e in read.errors]
+
+
+def test_cached_read_equals_read_local_and_rereads_only_changed_files(tmp_path):
+    write_run(tmp_path / "a", resumes=[30], buggy=True)
+    write_run(tmp_path / "b", resumes=[], buggy=False, seed=1)
+    (tmp_path / "c.csv").write_text("step,kl\n1,0.01\n2,0.02\n3,0.03\n")
+    cache = LocalReadCache()
+    assert _shape(cache.read(str(tmp_path))) == _shape(read_local(str(tmp_path)))
+    assert cache.stats[str(tmp_path)].read == 4 and cache.stats[str(tmp_path)].reused == 0
+
+    again = cache.read(str(tmp_path))
+    assert cache.stats[str(tmp_path)].read == 0 and cache.stats[str(tmp_path)].reused == 4
+    assert _shape(again) == _shape(read_local(str(tmp_path)))
+
+    write_run(tmp_path / "b", resumes=[], buggy=False, seed=2, start_wall=1_800_000_000.0)  # a new event file
+    with open(tmp_path / "c.csv", "a") as fh:  # a table that grew
+        fh.write("4,0.04\n")
+    grown = cache.read(str(tmp_path))
+    assert cache.stats[str(tmp_path)].read == 2 and cache.stats[str(tmp_path)].reused == 3
+    assert _shape(grown) == _shape(read_local(str(tmp_path)))
+
+    for p in (tmp_path / "a").iterdir():
+        p.unlink()
+    (tmp_path / "a").rmdir()
+    assert _shape(cache.read(str(tmp_path))) == _shape(read_local(str(tmp_path)))
+
+
+def test_a_cached_segment_is_not_changed_by_the_pipeline(tmp_path):
+    write_run(tmp_path / "a", resumes=[30], buggy=True)
+    cache = LocalReadCache()
+    first = judge_sources([str(tmp_path)], config=ScanConfig(), cache=cache)
+    second = judge_sources([str(tmp_path)], config=ScanConfig(), cache=cache)
+    assert [(v.boundary.step, v.verdict) for r in first.results for v in r.verdicts] == \
+           [(v.boundary.step, v.verdict) for r in second.results for v in r.verdicts] == [(31, "reference_reset")]
+
+
+# ---------------------------------------------------------------------------------- state, passes
+
+
+def test_a_reset_is_alerted_once_over_many_passes_and_restarts(tmp_path, receiver):
+    write_run(tmp_path / "runs" / "buggy", resumes=[30], buggy=True)
+    write_run(tmp_path / "runs" / "fixed", resumes=[30], buggy=False, seed=3)
+    state_path = tmp_path / "state.db"
+    sinks = [Sink.stdout(), Sink.webhook(receiver.url + "/hook")]
+    out = tmp_path / "out.txt"
+    for _ in range(2):  # two watcher lifetimes, two passes each
+        state = AlertState(state_path)
+        cache = LocalReadCache()
+        try:
+            with open(out, "a") as fh:
+                for _ in range(2):
+                    watch_pass([str(tmp_path / "runs")], config=ScanConfig(findings=False), cache=cache, state=state,
+                               sinks=sinks, dashboard_url="http://dash:8501/", out=fh)
+        finally:
+            state.close()
+    assert len(receiver.requests) == 1
+    body = receiver.requests[0].body
+    assert body["klwatch"]["step"] == 31 and body["klwatch"]["run"] == "buggy"
+    assert body["klwatch"]["dashboard"].startswith("http://dash:8501/?run=")
+    lines = out.read_text().splitlines()
+    assert len(lines) == 1 and "buggy" in lines[0] and "step 31" in lines[0]
+    assert [row[1:] for row in alerts_in(state_path)] == [(31, "stdout", "delivered"), (31, sinks[1].id, "delivered")]
+
+
+def test_a_second_watcher_on_the_same_state_is_refused(tmp_path):
+    state = AlertState(tmp_path / "s.db")
+    try:
+        with pytest.raises(StateLocked):
+            AlertState(tmp_path / "s.db")
+        write_run(tmp_path / "runs" / "buggy", resumes=[30], buggy=True)
+        out = klwatch("watch", tmp_path / "runs", "--once", "--state", tmp_path / "s.db")
+        assert out.returncode == 2 and "another klwatch watch" in out.stderr
+    finally:
+        state.close()
+
+
+def test_failed_delivery_stays_pending_until_delivered_and_secrets_stay_hidden(tmp_path, receiver):
+    write_run(tmp_path / "runs" / "buggy", resumes=[30], buggy=True)
+    receiver.fail_first = 3  # every inline attempt of the first pass fails
+    secret_url = receiver.url.replace("http://", "http://bot:pa55word@") + "/services/T0AAA1111/B0BBB2222/xoxTOKEN12345?sig=zzz999"
+    state = tmp_path / "state.db"
+    args = ("watch", tmp_path / "runs", "--once", "--state", state, "--webhook", secret_url)
+
+    first = klwatch(*args)
+    assert first.returncode == 3, first.stderr  # delivered to stdout, pending for the webhook
+    assert first.stdout.count("klwatch ALERT") == 1
+    assert "not delivered" in first.stderr
+    sink_rows = [r for r in alerts_in(state) if r[2] != "stdout"]
+    assert [r[3] for r in sink_rows] == ["pending"]
+
+    second = klwatch(*args)
+    assert second.returncode == 0, second.stderr
+    assert "klwatch ALERT" not in second.stdout  # stdout got it the first time
+    assert [r[3] for r in alerts_in(state)] == ["delivered", "delivered"]
+    assert [r.status for r in receiver.requests] == [500, 500, 500, 200]
+    assert receiver.requests[-1].headers["Authorization"].startswith("Basic ")
+
+    third = klwatch(*args)
+    assert third.returncode == 0 and len(receiver.requests) == 4
+    for out in (first, second, third):
+        for secret in ("pa55word", "xoxTOKEN12345", "zzz999", "T0AAA1111"):
+            assert secret not in out.stdout + out.stderr
+    con = sqlite3.connect(state)
+    dump = "\n".join(con.iterdump())
+    con.close()
+    assert "xoxTOKEN12345" not in dump and "pa55word" not in dump
+
+
+def test_unreadable_source_is_reported_once_and_the_pass_exits_3(tmp_path):
+    write_run(tmp_path / "runs" / "fixed", resumes=[30], buggy=False)
+    out = klwatch("watch", tmp_path / "runs", tmp_path / "missing", "--once", "--state", tmp_path / "s.db")
+    assert out.returncode == 3
+    assert out.stderr.count("no such file or folder") == 1
+    assert out.stdout == ""
+    none = klwatch("watch", tmp_path / "missing", "--once", "--state", tmp_path / "s.db")
+    assert none.returncode == 2
+
+
+# -------------------------------------------------------------- a live run, a watcher killed mid-way
+
+
+def _wait(cond, *, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}" + (f"; process exit {proc.poll()}" if proc else ""))
+
+
+def _start_watch(runs: Path, state: Path, url: str, log: Path) -> subprocess.Popen:
+    fh = open(log, "ab")
+    return subprocess.Popen([*KLWATCH, "watch", str(runs), "--every", "0.3", "--state", str(state), "--webhook", url,
+                             "--dashboard-url", "http://dash/"], stdout=fh, stderr=subprocess.STDOUT, env=ENV, cwd=REPO)
+
+
+def test_watcher_killed_and_restarted_alerts_each_reset_of_a_growing_run_exactly_once(tmp_path, receiver):
+    """The generator writes a run that is resumed three times with the buggy reference order, one
+    process per launch; the watcher sees the first reset live, is SIGKILLed, misses the next two
+    while down, and on restart alerts those two, never the first again."""
+    out, state, log = tmp_path / "gen", tmp_path / "state.db", tmp_path / "watch.log"
+    gen = subprocess.Popen([sys.executable, str(REPO / "sample_runs" / "generate.py"), "--out", str(out),
+                            "--scenarios", "ratchet-buggy", "--trackers", "tensorboard", "--step-delay", "0.06",
+                            "--restart-gap", "0.5", "--quiet"], cwd=REPO, env=ENV,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    watcher = _start_watch(out, state, receiver.url + "/hook", log)
+    try:
+        _wait(lambda: len(receiver.delivered) >= 1, timeout=60, what="the first alert", proc=watcher)
+        first_seen_while_running = gen.poll() is None
+        watcher.send_signal(signal.SIGKILL)
+        watcher.wait(timeout=10)
+        assert gen.wait(timeout=90) == 0, gen.stderr.read().decode()[-2000:] if gen.stderr else ""
+        assert [r.body["klwatch"]["step"] for r in receiver.delivered] == [21]
+
+        watcher = _start_watch(out, state, receiver.url + "/hook", log)
+        _wait(lambda: len(receiver.delivered) >= 3, timeout=60, what="the alerts missed while down", proc=watcher)
+        time.sleep(1.5)  # several more polls: nothing may repeat
+        watcher.send_signal(signal.SIGKILL)
+        watcher.wait(timeout=10)
+    finally:
+        for p in (watcher, gen):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert first_seen_while_running, "the first reset should be alerted while the run is still going"
+    steps = [r.body["klwatch"]["step"] for r in receiver.delivered]
+    assert steps == [21, 41, 61], log.read_text()[-3000:]
+    assert len({r.headers["X-Klwatch-Alert-Key"] for r in receiver.requests}) == 3
+    assert len({r.body["klwatch"]["lineage_id"] for r in receiver.requests}) == 1
+    assert all(r[3] == "delivered" for r in alerts_in(state)) and len(alerts_in(state)) == 6
+    text = log.read_text()
+    assert text.count("klwatch ALERT") == 3 and "?run=" in text
+
+    again = klwatch("watch", out, "--once", "--state", state, "--webhook", receiver.url + "/hook")
+    assert again.returncode == 0 and again.stdout == "" and len(receiver.requests) == 3
