@@ -2,16 +2,42 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from mlflow_server import MlflowServer, start_mlflow_server
+from mlflow_server import MlflowServer, launch_mlflow_server, start_mlflow_server
+
+_background: dict[str, MlflowServer] = {}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Boot the mlflow server in the background as soon as we know a selected test needs it:
+    its ~10 s start then overlaps the tests that run before."""
+    if any("mlflow_server" in getattr(item, "fixturenames", ()) for item in session.items):
+        workdir = Path(tempfile.mkdtemp(prefix="klwatch-test-mlflow-server-"))
+        _background["mlflow"] = launch_mlflow_server(workdir=workdir)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    server = _background.pop("mlflow", None)
+    if server is not None:
+        server.stop()
+        shutil.rmtree(server.workdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     """One real ``mlflow server`` (SQLite backend, free loopback port) for the whole session."""
+    server = _background.get("mlflow")
+    if server is not None and server.wait_ready(timeout=90):
+        yield server  # stopped in pytest_sessionfinish
+        return
+    if server is not None:
+        server.stop()
     server = start_mlflow_server(workdir=tmp_path_factory.mktemp("mlflow-server"))
     try:
         yield server

@@ -30,12 +30,11 @@ def free_port() -> int:
 
 @dataclass
 class MlflowServer:
-    """A running ``mlflow server``: ``url`` is ``http://127.0.0.1:PORT``."""
+    """A launched ``mlflow server``: ``url`` is ``http://127.0.0.1:PORT``."""
 
     port: int
-    db_path: Path
+    workdir: Path
     proc: subprocess.Popen[bytes]
-    log_path: Path
 
     @property
     def url(self) -> str:
@@ -46,12 +45,38 @@ class MlflowServer:
         """The klwatch SOURCE naming this server."""
         return f"mlflow://127.0.0.1:{self.port}"
 
+    @property
+    def db_path(self) -> Path:
+        return self.workdir / "server.db"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "server.log"
+
+    def wait_ready(self, *, timeout: float = 90.0) -> bool:
+        """Block until /health answers; False if the server died or did not come up in time."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            if _healthy(self.url):
+                return True
+            time.sleep(0.1)
+        return False
+
+    def log_tail(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-2000:]
+        except OSError:
+            return ""
+
     def stop(self) -> None:
+        """Stop the server and its worker (the process group we created); no graceful drain."""
         if self.proc.poll() is not None:
             return
         try:
-            os.killpg(self.proc.pid, signal.SIGTERM)  # the group we created: server + its worker
-            self.proc.wait(timeout=10)
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=3)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -68,33 +93,31 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def start_mlflow_server(*, workdir: Path, timeout: float = 90.0) -> MlflowServer:
-    """Start ``mlflow server`` with a SQLite backend in ``workdir``; return once /health answers."""
+def launch_mlflow_server(*, workdir: Path) -> MlflowServer:
+    """Start ``mlflow server`` (SQLite backend ``workdir/server.db``) and return at once; call
+    ``wait_ready`` before use. A ``server.db`` already in ``workdir`` is served as it is."""
     workdir.mkdir(parents=True, exist_ok=True)
-    db_path = workdir / "server.db"
-    log_path = workdir / "server.log"
-    last_error = ""
-    for _attempt in range(2):  # a port taken between free_port() and bind: try another once
-        port = free_port()
-        env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
-                   MLFLOW_TRACKING_URI="", PYTHONUNBUFFERED="1")
-        env.pop("MLFLOW_TRACKING_URI")
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                [str(MLFLOW_BIN), "server", "--backend-store-uri", f"sqlite:///{db_path}",
-                 "--default-artifact-root", str(workdir / "artifacts"),
-                 "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True,
-            )
-        server = MlflowServer(port=port, db_path=db_path, proc=proc, log_path=log_path)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                break
-            if _healthy(server.url):
-                return server
-            time.sleep(0.1)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", PYTHONUNBUFFERED="1")
+    with open(workdir / "server.log", "ab") as log:
+        proc = subprocess.Popen(
+            [str(MLFLOW_BIN), "server", "--backend-store-uri", f"sqlite:///{workdir / 'server.db'}",
+             "--default-artifact-root", str(workdir / "artifacts"),
+             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+            cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, start_new_session=True,
+        )
+    return MlflowServer(port=port, workdir=workdir, proc=proc)
+
+
+def start_mlflow_server(*, workdir: Path, timeout: float = 90.0) -> MlflowServer:
+    """Launch and wait until /health answers (a port taken meanwhile: one more try)."""
+    tail = ""
+    for _attempt in range(2):
+        server = launch_mlflow_server(workdir=workdir)
+        if server.wait_ready(timeout=timeout):
+            return server
         server.stop()
-        last_error = log_path.read_text(errors="replace")[-2000:]
-    raise RuntimeError(f"mlflow server did not start; log tail:\n{last_error}")
+        tail = server.log_tail()
+    raise RuntimeError(f"mlflow server did not start; log tail:\n{tail}")

@@ -16,6 +16,7 @@ import pytest
 
 from detectors.sources import read_source
 from detectors.sources.local import ReadError
+from detectors.sources import mlflow_local
 from detectors.sources.mlflow_local import read_mlflow_sqlite, read_mlruns
 
 T0 = 1_760_000_000_000  # ms
@@ -196,7 +197,9 @@ def test_reading_leaves_the_sqlite_store_byte_for_byte_unchanged(sqlite_store: S
     assert after == before  # same files (no journal left behind), same bytes, same mtimes
 
 
-def test_locked_sqlite_store_fails_fast_with_a_clear_error(tmp_path: Path, sqlite_store: Store) -> None:
+def test_locked_sqlite_store_fails_fast_with_a_clear_error(
+        tmp_path: Path, sqlite_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mlflow_local, "SQLITE_BUSY_TIMEOUT_S", 0.5)
     db = tmp_path / "busy.db"
     db.write_bytes(sqlite_store.path.read_bytes())
     writer = sqlite3.connect(db, isolation_level=None)
@@ -206,7 +209,7 @@ def test_locked_sqlite_store_fails_fast_with_a_clear_error(tmp_path: Path, sqlit
         t = time.monotonic()
         with pytest.raises(ReadError) as err:
             read_mlflow_sqlite(db, ref="busy.db", source=str(db))
-        assert time.monotonic() - t < 10
+        assert time.monotonic() - t < 5
         assert "busy.db" in str(err.value) and "locked" in str(err.value)
 
         t = time.monotonic()

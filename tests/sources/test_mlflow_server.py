@@ -140,8 +140,11 @@ def test_unknown_experiment_is_an_error_naming_the_server(logged: Logged) -> Non
     assert "no-such-experiment" in read.errors[0].message
 
 
-def test_capped_bulk_answers_are_detected_and_completed(logged: Logged, monkeypatch) -> None:
-    """With a tiny bulk cap the real server cuts its answers; every point must still arrive."""
+def test_small_pages_and_capped_bulk_answers_still_give_every_run_and_point(
+        logged: Logged, monkeypatch) -> None:
+    """With tiny pages and a tiny bulk cap the real server pages its run lists and cuts its
+    history answers; every run and every point must still arrive."""
+    monkeypatch.setattr(ms, "SEARCH_PAGE", 2)
     monkeypatch.setattr(ms, "BULK_MAX_POINTS", 7)
     monkeypatch.setattr(ms, "BULK_PACK_POINTS", 30)
     read = read_source(logged.server.spec)
@@ -193,7 +196,8 @@ def http_stub() -> Iterator[Callable[[Callable[[BaseHTTPRequestHandler, Stub], N
         httpd.release = release  # type: ignore[attr-defined]
         stub.port = httpd.server_address[1]
         servers.append(httpd)
-        threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
         return stub
 
     yield start
