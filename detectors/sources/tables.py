@@ -168,7 +168,7 @@ def _read_parquet(path: Path) -> tuple[dict[str, _Column], int]:
         if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind):
             num = col.cast(pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64)
             num[~present] = np.nan
-            columns[name] = _Column(num.astype(object), present, present.copy(), num)
+            columns[name] = _Column(num, present, present.copy(), num)
         else:
             raw = np.asarray(col.to_pandas().to_numpy(), dtype=object)
             n = len(raw)

@@ -192,6 +192,15 @@ def test_wall_time_column_becomes_seconds_since_the_epoch(tmp_path: Path, stamps
     assert seg.start_time == expected[0] and "_timestamp" not in seg.series
 
 
+@pytest.mark.parametrize("utc", [False, True], ids=["naive", "utc"])
+def test_parquet_timestamp_column_is_a_wall_time(tmp_path: Path, utc: bool) -> None:
+    stamps = pd.to_datetime(["2026-05-28T20:26:40", "2026-05-28T20:26:41.5"], utc=utc,
+                            format="ISO8601")
+    df = pd.DataFrame({"step": [1, 2], "kl": [0.1, 0.2], "timestamp": stamps})
+    (seg,) = read(write(df, tmp_path / "t.parquet"))
+    assert seg.series["kl"].wall_times.tolist() == [1_780_000_000, 1_780_000_001.5]
+
+
 def test_nested_jsonl_keys_are_joined_with_dots_and_a_cut_last_line_warns(tmp_path: Path) -> None:
     path = tmp_path / "h.jsonl"
     path.write_text('{"_step": 1, "train": {"kl": 0.1}}\n{"_step": 2, "train": {"kl": 0.2}}\n'
@@ -199,6 +208,14 @@ def test_nested_jsonl_keys_are_joined_with_dots_and_a_cut_last_line_warns(tmp_pa
     (seg,) = read(path)
     assert series_of(seg) == {"train.kl": ([1, 2], [0.1, 0.2])}
     assert len(seg.warnings) == 1 and "truncated last line 3" in seg.warnings[0]
+
+
+def test_nested_parquet_columns_are_joined_with_dots(tmp_path: Path) -> None:
+    path = tmp_path / "h.parquet"
+    pq.write_table(pa.table({"_step": [1, 2], "train": [{"kl": 0.1, "tag": "x"},
+                                                         {"kl": 0.2, "tag": "y"}]}), path)
+    (seg,) = read(path)
+    assert series_of(seg) == {"train.kl": ([1, 2], [0.1, 0.2])}
 
 
 def test_a_bad_jsonl_line_in_the_middle_is_an_error_naming_the_line(tmp_path: Path) -> None:
