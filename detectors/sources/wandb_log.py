@@ -1,0 +1,649 @@
+"""Read a W&B run folder's ``.wandb`` transaction log ourselves.
+
+wandb >= 0.30 no longer ships a Python reader for this file, and offline folders hold nothing else
+(no ``config.yaml``, no ``wandb-summary.json``), so the log is the only record of what the process
+logged. Its framing is the LevelDB log format as wandb-core writes it (``core/pkg/leveldb``, opened
+with ``CRCAlgoIEEE``): a 7-byte file header (``:W&B``, 0xBEE1 little-endian, version 0) at the start
+of the first 32 KiB block; then chunks that never cross a block boundary, each with a 7-byte header
+(CRC-32/IEEE of the type byte followed by the payload, i.e. ``zlib.crc32(payload, crc32(type))``;
+payload length, 2 bytes LE; type FULL/FIRST/MIDDLE/LAST); a block tail shorter than a chunk header
+is zero padding. Each record is a serialized ``wandb_internal_pb2.Record``.
+
+Speed: a run logs a history row, and wandb-core writes a summary update beside it, at every step,
+so a long run holds hundreds of thousands of records. Building a protobuf object per record and per
+item costs seconds; instead all records are parsed in ONE protobuf parse of their concatenation
+(repeated fields append, so history rows stay in order and summary updates fold in order), items
+are kept as raw bytes, each distinct item key is decoded once, and values become floats per
+column in numpy. ``float``/numpy accept exactly the JSON numbers (plus the ``Infinity``/``NaN`` the
+writers emit) and reject every other JSON value, so no ``json.loads`` per value is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from itertools import chain, repeat
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
+
+from ..model import Segment, Series
+from .local import ReadError
+
+FILE_HEADER = b":W&B" + struct.pack("<H", 0xBEE1)
+FILE_HEADER_LEN = 7
+FORMAT_VERSION = 0
+BLOCK = 32 * 1024
+CHUNK_HEADER = 7
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+CHUNK_SEEDS = [zlib.crc32(bytes([t])) for t in range(5)]
+VALUE_TAG = b"\x82\x01"  # item field 16 (value_json), wire type 2
+NUMERIC_START = frozenset(b"-0123456789IN")  # how a JSON number (or Infinity/NaN) can begin
+MAX_WARNINGS = 5
+
+
+def _schemas() -> dict[str, Any]:
+    """The part of ``wandb_internal.proto`` we read, wire-compatible (same field numbers and types).
+
+    Declared here rather than imported from ``wandb.proto`` because importing that imports all of
+    ``wandb`` (about a second), and because declaring items as ``bytes`` lets a whole file be read
+    in one parse (``Batch``) with the history/summary items left raw.
+    """
+    F = descriptor_pb2.FieldDescriptorProto
+    f = descriptor_pb2.FileDescriptorProto(name="klwatch_wandb_log.proto", package="klwatch_wandb_log")
+    scalar = {"bytes": F.TYPE_BYTES, "string": F.TYPE_STRING, "int64": F.TYPE_INT64, "int32": F.TYPE_INT32,
+              "sint64": F.TYPE_SINT64, "double": F.TYPE_DOUBLE, "bool": F.TYPE_BOOL}
+
+    def message(name: str, *fields: str) -> None:
+        """Fields written as ``[repeated] type name = number``."""
+        m = f.message_type.add(name=name)
+        for spec in fields:
+            words = spec.replace("=", " ").split()
+            ftype, fname, number = words[-3:]
+            fd = m.field.add(name=fname, number=int(number),
+                             label=F.LABEL_REPEATED if words[0] == "repeated" else F.LABEL_OPTIONAL)
+            if ftype in scalar:
+                fd.type = scalar[ftype]
+            else:
+                fd.type, fd.type_name = F.TYPE_MESSAGE, f".klwatch_wandb_log.{ftype}"
+
+    message("Step", "int64 num = 1")
+    message("HistoryStep", "Step step = 2")
+    message("ItemList", "repeated bytes item = 1")
+    message("Flat", "repeated bytes key = 1", "repeated bytes nested_key = 2", "repeated sint64 integer = 5",
+            "repeated double number = 6", "repeated bytes json = 8", "repeated bytes value_json = 16")
+    message("Summary", "repeated bytes update = 1", "repeated bytes remove = 2")
+    message("Item", "string key = 1", "repeated string nested_key = 2", "sint64 integer = 5",
+            "double number = 6", "string json = 8", "string value_json = 16")
+    message("Config", "repeated Item update = 1", "repeated Item remove = 2")
+    message("Timestamp", "int64 seconds = 1", "int32 nanos = 2")
+    message("BranchPoint", "string run = 1", "double value = 2", "string metric = 3")
+    message("Run", "string run_id = 1", "string entity = 2", "string project = 3", "Config config = 4",
+            "string run_group = 6", "string job_type = 7", "string display_name = 8",
+            "repeated string tags = 10", "int64 starting_step = 14", "Timestamp start_time = 17",
+            "bool resumed = 18", "int32 runtime = 20", "bool forked = 22", "BranchPoint branch_point = 23",
+            "bool resume = 24")
+    message("Exit", "int32 exit_code = 1", "int32 runtime = 2")
+    message("Empty")
+    # Record's record_type oneof members we read. As a batch over many concatenated Records every
+    # member is repeated (order kept; history rows kept as bytes); ``summary`` is singular so that
+    # the parse merges all summary updates into one list (re-read as ``SummaryBatch`` only when a
+    # summary key was removed).
+    message("Batch", "repeated bytes history = 2", "Summary summary = 3", "repeated Config config = 5",
+            "repeated Run run = 17", "repeated Exit exit = 18", "repeated Empty preempting = 23")
+    message("SummaryBatch", "repeated Summary summary = 3")
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(f)
+    return {m.name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"klwatch_wandb_log.{m.name}"))
+            for m in f.message_type}
+
+
+_SCHEMAS: dict[str, Any] = {}
+
+
+def _msg(name: str) -> Any:
+    if not _SCHEMAS:
+        _SCHEMAS.update(_schemas())
+    return _SCHEMAS[name]
+
+
+# -- framing ------------------------------------------------------------------------------------
+
+
+def read_records(data: bytes, *, name: str) -> tuple[list[bytes], list[str]]:
+    """Un-frame a ``.wandb`` file: its whole records (payloads, in order) and warnings.
+
+    A file cut short (crash, or a run still being written) is read up to its last whole record,
+    with a warning. A corrupt chunk (CRC mismatch, impossible length or type) is skipped soundly only
+    by jumping to the next 32 KiB block, where a chunk must start (continuation chunks of a record
+    that began before it are skipped too), with a warning; when no later block exists there is no
+    sound way on: ReadError.
+    """
+    if len(data) < FILE_HEADER_LEN:
+        raise ReadError(f"not a W&B transaction log: {len(data)} bytes, shorter than its 7-byte header")
+    if data[:6] != FILE_HEADER:
+        raise ReadError(f"not a W&B transaction log: header {data[:7]!r}, expected b':W&B\\xe1\\xbe\\x00'")
+    if data[6] != FORMAT_VERSION:
+        raise ReadError(f"unsupported .wandb format version {data[6]} (this reader knows version 0)")
+
+    out: list[bytes] = []
+    warnings: list[str] = []
+    n = len(data)
+    pos = FILE_HEADER_LEN
+    parts: list[bytes] | None = None  # chunks of a FIRST..LAST record being assembled
+    part_start = 0
+    resyncing = False  # just jumped past corruption: skip MIDDLE/LAST chunks of a lost record
+    skipped = 0
+    unpack = struct.Struct("<IHB").unpack_from
+    crc32 = zlib.crc32
+    seeds = CHUNK_SEEDS
+    append = out.append
+
+    def cut_short(where: str) -> None:
+        warnings.append(f"{name} is cut short at byte {n} {where} (crash, or a run still being "
+                        f"written): read the {len(out)} whole records before it")
+
+    def corrupt(at: int, why: str) -> int:
+        """Where to go on after a corrupt chunk at ``at``: the next block, or -1 (zero-filled end)."""
+        nonlocal parts, resyncing, skipped
+        if not any(data[at:]):
+            warnings.append(f"{name} ends in {n - at} zero bytes from byte {at} (cut short by a crash?): "
+                            f"read the {len(out)} whole records before them")
+            return -1
+        next_block = (at // BLOCK + 1) * BLOCK
+        if next_block >= n:
+            raise ReadError(f"corrupt record at byte {at}: {why}; no later 32 KiB block to resume from")
+        skipped += 1
+        if skipped <= MAX_WARNINGS:
+            lost = " and the record it continued" if parts is not None else ""
+            warnings.append(f"{name}: corrupt record at byte {at}: {why}; skipped to the next 32 KiB block "
+                            f"at byte {next_block}, losing the records in between{lost}")
+        parts, resyncing = None, True
+        return next_block
+
+    seed_full = seeds[FULL]
+    while pos < n:
+        block_end = pos - pos % BLOCK + BLOCK
+        if parts is None:  # fast path: whole FULL chunks with a good CRC, as far as they go
+            count = len(out)
+            limit = min(block_end, n)
+            while pos + CHUNK_HEADER <= limit:
+                crc, length, ctype = unpack(data, pos)
+                end = pos + CHUNK_HEADER + length
+                if ctype != FULL or end > limit:
+                    break
+                payload = data[pos + CHUNK_HEADER:end]
+                if crc32(payload, seed_full) != crc:
+                    break
+                append(payload)
+                pos = end
+            if len(out) > count:
+                resyncing = False
+            if pos >= n:
+                break
+        if block_end - pos < CHUNK_HEADER:  # block tail too short for a chunk: zero padding
+            pos = block_end
+            continue
+        if pos + CHUNK_HEADER > n:
+            cut_short("inside a chunk header")
+            parts = None
+            break
+        crc, length, ctype = unpack(data, pos)
+        start = pos + CHUNK_HEADER
+        end = start + length
+        if end > block_end or not 0 < ctype < 5:
+            why = (f"chunk type {ctype}" if not 0 < ctype < 5
+                   else f"chunk length {length} runs past its 32 KiB block")
+            pos = corrupt(pos, why)
+            if pos < 0:
+                break
+            continue
+        if end > n:
+            cut_short("inside a record")
+            parts = None
+            break
+        payload = data[start:end]
+        computed = crc32(payload, seeds[ctype])
+        if computed != crc:
+            pos = corrupt(pos, f"CRC mismatch (stored {crc:#010x}, computed {computed:#010x})")
+            if pos < 0:
+                break
+            continue
+        # the chunk is whole and its CRC holds, so the framing stays aligned whatever its type says
+        if ctype == FULL:
+            if parts is not None:
+                warnings.append(f"{name}: record at byte {part_start} never finished; dropped")
+                parts = None
+            resyncing = False
+            append(payload)
+        elif ctype == FIRST:
+            if parts is not None:
+                warnings.append(f"{name}: record at byte {part_start} never finished; dropped")
+            resyncing = False
+            parts, part_start = [payload], pos
+        elif parts is None:
+            if not resyncing:
+                warnings.append(f"{name}: continuation chunk at byte {pos} without a first chunk; skipped")
+        elif ctype == MIDDLE:
+            parts.append(payload)
+        else:
+            parts.append(payload)
+            append(b"".join(parts))
+            parts = None
+        pos = end
+    if parts is not None:
+        warnings.append(f"{name} is cut short inside a record that began at byte {part_start} (crash, or a "
+                        f"run still being written): read the {len(out)} whole records before it")
+    if skipped > MAX_WARNINGS:
+        warnings.append(f"{name}: {skipped} corrupt stretches skipped in all")
+    return out, warnings
+
+
+def parse_batch(records: list[bytes], *, name: str) -> tuple[Any, list[str]]:
+    """All records in one parse; records that do not decode (despite a good CRC) are dropped."""
+    batch = _msg("Batch")()
+    try:
+        batch.ParseFromString(b"".join(records))
+        return batch, []
+    except DecodeError:
+        pass
+    good, bad = [], 0
+    for r in records:
+        try:
+            _msg("Batch").FromString(r)
+            good.append(r)
+        except DecodeError:
+            bad += 1
+    batch.ParseFromString(b"".join(good))
+    return batch, [f"{name}: {bad} records with a good CRC could not be decoded; skipped"]
+
+
+# -- items --------------------------------------------------------------------------------------
+
+ROW_MARK_ITEM = b"\x12\x01\xfe\x82\x01\x01\xfe"
+"""An item (nested_key and value_json both b"\\xfe", never valid UTF-8, so never a real item) put
+before each history row so that one flat list of items still tells where rows begin."""
+ROW_MARK = b"\x0a\x07" + ROW_MARK_ITEM  # the same, as a HistoryRecord ``item`` field
+
+
+def _varint(b: bytes, i: int) -> tuple[int, int]:
+    shift = value = 0
+    while True:
+        c = b[i]
+        i += 1
+        value |= (c & 0x7F) << shift
+        if c < 0x80:
+            return value, i
+        shift += 7
+
+
+def _prefix_key(pre: bytes) -> str | None:
+    """The key spelled by an item's fields before ``value_json`` (key / nested_key only), else None."""
+    key, nested, i, n = "", [], 0, len(pre)
+    try:
+        while i < n:
+            tag, i = _varint(pre, i)
+            if tag & 7 != 2 or (tag >> 3) not in (1, 2):
+                return None
+            length, i = _varint(pre, i)
+            if i + length > n:
+                return None
+            text = pre[i:i + length].decode("utf-8", "replace")
+            i += length
+            if tag >> 3 == 1:
+                key = text
+            else:
+                nested.append(text)
+    except IndexError:
+        return None
+    return ".".join(nested) if nested else (key or None)
+
+
+def _slow_item(raw: bytes, *, typed: bool) -> tuple[str | None, Any]:
+    """One item parsed fully: (key, JSON value bytes, or a float, or None when it has no number)."""
+    try:
+        item = _msg("Item").FromString(raw)
+    except DecodeError:
+        return None, None
+    key = ".".join(item.nested_key) or item.key or None
+    if item.HasField("value_json"):
+        return key, item.value_json.encode()
+    if typed:  # history items may carry typed values instead of value_json
+        if item.HasField("number"):
+            return key, item.number
+        if item.HasField("integer"):
+            return key, float(item.integer)
+        if item.HasField("json"):
+            return key, item.json.encode()
+    return key, None
+
+
+def _value_bytes(v: bytes) -> bytes | None:
+    """``varint length + value_json`` -> value_json, when that is all there is."""
+    try:
+        length, i = _varint(v, 0)
+    except IndexError:
+        return None
+    return v[i:] if len(v) - i == length else None
+
+
+class Items:
+    """The keys and values of a list of raw history/summary items, decoded in bulk.
+
+    ``codes[i]`` indexes ``names`` (the item's key, nested keys joined with '.', or None when it
+    has none); ``values(idx)`` gives the JSON value bytes (or a float for a typed value, or None)
+    of the items at ``idx``.
+
+    Fast path (every item exactly one ``nested_key`` and one ``value_json``, as wandb-core writes
+    for flat keys): all items are parsed in one go as one message whose repeated fields collect
+    every key and every value in order. Otherwise each item is split at its ``value_json`` tag
+    and each distinct key encoding is decoded once.
+    """
+
+    def __init__(self, raws: list[bytes], *, typed: bool, try_flat: bool = True) -> None:
+        self.raws = raws
+        self.typed = typed
+        self._flat: np.ndarray | None = None
+        self._parts: list[tuple[bytes, bytes, bytes]] | None = None
+        self._slow: dict[int, Any] = {}
+        if not (try_flat and self._try_flat()):
+            self._split()
+
+    def _try_flat(self) -> bool:
+        flat = _msg("Flat")()
+        try:
+            flat.ParseFromString(b"".join(self.raws))
+        except DecodeError:
+            return False
+        n = len(self.raws)
+        if (len(flat.nested_key) != n or len(flat.value_json) != n or len(flat.key)
+                or len(flat.number) or len(flat.integer) or len(flat.json)):
+            return False
+        keys = list(flat.nested_key)
+        code_of = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+        self.codes = np.fromiter(map(code_of.__getitem__, keys), dtype=np.int64, count=n)
+        self.names = [k.decode("utf-8", "replace") or None for k in code_of]
+        self._flat = np.empty(n, dtype=object)
+        self._flat[:] = list(flat.value_json)
+        return True
+
+    def _split(self) -> None:
+        self._parts = list(map(bytes.partition, self.raws, repeat(VALUE_TAG)))
+        pres = [p for p, _, _ in self._parts]
+        distinct = list(dict.fromkeys(pres))
+        code_of = {p: i for i, p in enumerate(distinct)}
+        codes = np.fromiter(map(code_of.__getitem__, pres), dtype=np.int64, count=len(pres))
+        names = [_prefix_key(p) for p in distinct]
+        name_code = {name: i for i, name in enumerate(dict.fromkeys(names))}
+        self.names = list(name_code)
+        self.codes = np.array([name_code[name] for name in names], dtype=np.int64)[codes]
+        # a prefix that spells no key: a typed value, or no value_json tag at all: parse those fully
+        unknown = [c for c, name in enumerate(names) if name is None]
+        for i in (np.flatnonzero(np.isin(codes, unknown)).tolist() if unknown else []):
+            key, value = _slow_item(self.raws[i], typed=self.typed)
+            self._slow[i] = value
+            if key not in name_code:
+                name_code[key] = len(self.names)
+                self.names.append(key)
+            self.codes[i] = name_code[key]
+
+    def values(self, idx: np.ndarray) -> np.ndarray:
+        if self._flat is not None:
+            return self._flat[idx]
+        assert self._parts is not None
+        parts, slow = self._parts, self._slow
+        out = []
+        for i in idx.tolist():
+            if i in slow:
+                out.append(slow[i])
+                continue
+            v = parts[i][2]
+            out.append(v[1:] if v and len(v) - 1 == v[0] else _value_bytes(v))
+        arr = np.empty(len(out), dtype=object)
+        arr[:] = out
+        return arr
+
+    def groups(self) -> dict[str, np.ndarray]:
+        """Key -> positions of its items, in logged order."""
+        if not len(self.codes):
+            return {}
+        order = np.argsort(self.codes, kind="stable")
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(self.codes, minlength=len(self.names)))])
+        return {name: order[bounds[c]:bounds[c + 1]] for c, name in enumerate(self.names)
+                if name is not None and bounds[c + 1] > bounds[c]}
+
+
+def to_floats(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """JSON values (bytes) or floats -> (floats, mask of the numeric ones), one by one."""
+    n = len(values)
+    out = np.zeros(n, dtype=np.float64)
+    ok = np.ones(n, dtype=bool)
+    for i, v in enumerate(values):
+        try:
+            out[i] = float(v)
+        except (TypeError, ValueError):
+            ok[i] = False
+    return out, ok
+
+
+def json_floats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """JSON values (object array of bytes; a float or None where a full parse gave one) -> (floats,
+    numeric mask), parsed by numpy; only a column with something exotic goes one by one."""
+    n = len(values)
+    out = np.zeros(n, dtype=np.float64)
+    if not n:
+        return out, np.zeros(0, dtype=bool)
+    arr = values.astype(np.bytes_)  # a float becomes its repr (exact), None b"None" (rejected below)
+    if arr.dtype.itemsize == 0:
+        return out, np.zeros(n, dtype=bool)
+    first = arr.view(np.uint8).reshape(n, arr.dtype.itemsize)[:, 0]
+    numeric = np.isin(first, np.frombuffer(bytes(NUMERIC_START), dtype=np.uint8))
+    idx = slice(None) if numeric.all() else np.flatnonzero(numeric)
+    try:
+        out[idx] = arr[idx].astype(np.float64)
+    except ValueError:
+        out[idx], numeric[idx] = to_floats(values[idx].tolist())
+    return out, numeric
+
+
+# -- history, summary ---------------------------------------------------------------------------
+
+
+def read_history(rows: list[bytes]) -> tuple[dict[str, Series], list[str]]:
+    """History records (``HistoryRecord`` bytes, in logged order) -> one Series per numeric key."""
+    warnings: list[str] = []
+    nrows = len(rows)
+    if not nrows:
+        return {}, warnings
+    listing = _msg("ItemList")()
+    listing.ParseFromString(ROW_MARK + ROW_MARK.join(rows))
+    raws = list(listing.item)
+    mark = np.fromiter(map(ROW_MARK_ITEM.__eq__, raws), dtype=bool, count=len(raws))
+    row_of = np.cumsum(mark) - 1
+    items = Items(raws, typed=True)
+
+    columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # key -> (rows, floats) of numeric items
+    for key, idx in items.groups().items():
+        idx = idx[~mark[idx]]
+        if not len(idx):
+            continue
+        floats, ok = json_floats(items.values(idx))
+        columns[key] = (row_of[idx[ok]], floats[ok])
+
+    def per_row(key: str) -> np.ndarray:
+        col = np.full(nrows, np.nan)
+        if key in columns:
+            r, f = columns[key]
+            col[r] = f
+        return col
+
+    step_col, time_col = per_row("_step"), per_row("_timestamp")
+    missing = np.isnan(step_col)
+    if missing.any():  # rare: take the record's own step, else count on from the row before
+        prev = -1.0
+        for r in range(nrows):
+            if missing[r]:
+                h = _msg("HistoryStep").FromString(rows[r])
+                step_col[r] = h.step.num if h.HasField("step") and h.step.num else prev + 1
+            prev = step_col[r]
+        warnings.append(f"{int(missing.sum())} history rows have no _step; numbered from their neighbours")
+    steps = step_col.astype(np.int64)
+    series: dict[str, Series] = {}
+    for key, (r, f) in columns.items():
+        if key in ("_step", "_timestamp") or not len(r):
+            continue
+        wall = time_col[r]
+        series[key] = Series(steps[r], f, None if np.isnan(wall).all() else wall)
+    return series, warnings
+
+
+def _fold(raws: list[bytes]) -> dict[str, Any]:
+    """Summary items -> key: value after all of them (a later item wins)."""
+    if not raws:
+        return {}
+    items = Items(raws, typed=False, try_flat=False)  # wandb-core's summaries mix key and nested_key
+    rev = items.codes[::-1]
+    codes, first_in_rev = np.unique(rev, return_index=True)
+    last = len(raws) - 1 - first_in_rev
+    values = items.values(last)
+    return {items.names[c]: v for c, v in zip(codes.tolist(), values.tolist()) if items.names[c] is not None}
+
+
+def read_summary(batch: Any, records: list[bytes]) -> dict[str, Any]:
+    """The run summary after every update and removal, nested keys joined with '.'."""
+    final: dict[str, Any] = {}
+    if not len(batch.summary.remove):  # the usual case: the merged updates, last one wins
+        final = _fold(list(batch.summary.update))
+    else:  # a key was removed somewhere: replay record by record
+        sb = _msg("SummaryBatch")()
+        sb.ParseFromString(b"".join(records))
+        for rec in sb.summary:
+            final.update(_fold(list(rec.update)))
+            for k in _fold(list(rec.remove)):
+                final.pop(k, None)
+    out: dict[str, Any] = {}
+    for k, v in final.items():
+        if k.startswith("_wandb") or v is None:
+            continue
+        try:
+            out[k] = json.loads(v) if isinstance(v, bytes) else v
+        except ValueError:
+            continue
+    return out
+
+
+# -- config -------------------------------------------------------------------------------------
+
+
+def _unwrap(value: Any) -> Any:
+    """config.yaml style ``{"value": v, "desc": ...}`` -> v; anything else unchanged."""
+    if isinstance(value, dict) and "value" in value and set(value) <= {"value", "desc"}:
+        return value["value"]
+    return value
+
+
+def apply_config(config: dict[str, Any], record: Any, internal: dict[str, Any]) -> None:
+    """Apply a config update (updates, then removals) to a nested dict; ``_wandb`` goes to ``internal``."""
+    for item in record.update:
+        path = list(item.nested_key) or [item.key]
+        try:
+            value = _unwrap(json.loads(item.value_json))
+        except ValueError:
+            value = item.value_json
+        if path[0] == "_wandb":
+            if isinstance(value, dict):
+                internal.update(value)
+            continue
+        node = config
+        for p in path[:-1]:
+            nxt = node.get(p)
+            if not isinstance(nxt, dict):
+                nxt = node[p] = {}
+            node = nxt
+        node[path[-1]] = value
+    for item in record.remove:
+        path = list(item.nested_key) or [item.key]
+        node = config
+        for p in path[:-1]:
+            nxt = node.get(p)
+            node = nxt if isinstance(nxt, dict) else {}
+        node.pop(path[-1], None)
+
+
+# -- the run folder -----------------------------------------------------------------------------
+
+
+def _log_file(path: Path) -> tuple[Path, list[str]]:
+    logs = sorted(p for p in path.iterdir() if p.suffix == ".wandb" and p.is_file())
+    if not logs:
+        raise ReadError("no .wandb log in the run folder")
+    run_id = path.name.rsplit("-", 1)[-1]
+    chosen = next((p for p in logs if p.name == f"run-{run_id}.wandb"), logs[0])
+    others = [p.name for p in logs if p != chosen]
+    return chosen, ([f"{path.name} also holds {', '.join(others)}; read {chosen.name} only"] if others else [])
+
+
+def read_wandb_run_dir(path: Path, *, ref: str, source: str) -> list[Segment]:
+    """One W&B run folder (``run-*``/``offline-run-*``) -> one Segment, everything from its log.
+
+    Each process that logged (a first launch, a resume reusing the run id, a rewind, a fork) has
+    its own folder, so each folder is a Segment of its own; stitching joins them later.
+    """
+    path = Path(path)
+    log, warnings = _log_file(path)
+    data = log.read_bytes()
+    records, frame_warnings = read_records(data, name=log.name)
+    warnings += frame_warnings
+    batch, batch_warnings = parse_batch(records, name=log.name)
+    warnings += batch_warnings
+
+    series, hist_warnings = read_history(list(batch.history))
+    warnings += [f"{log.name}: {w}" for w in hist_warnings]
+    config: dict[str, Any] = {}
+    internal: dict[str, Any] = {}
+    run: Any = None
+    for r in batch.run:  # the first run record, completed by any later one (e.g. a server update)
+        if run is None:
+            run = type(r)()
+        run.MergeFrom(r)
+        apply_config(config, r.config, internal)
+    for c in batch.config:
+        apply_config(config, c, internal)
+    meta: dict[str, Any] = {"log": log.name, "log_bytes": len(data), "history_rows": len(batch.history),
+                            "summary": read_summary(batch, records)}
+    if len(batch.exit):
+        meta["exit_code"] = batch.exit[-1].exit_code
+    if len(batch.preempting):
+        meta["preempted"] = True
+    folder_id = path.name.rsplit("-", 1)[-1]
+    seg = Segment(kind="wandb-offline", ref=ref, source=source, run_id=folder_id, store=str(path.parent),
+                  series=series, config=config, warnings=warnings, meta=meta)
+    if run is None:
+        warnings.append(f"{log.name} has no run record (cut short at the start?): run id taken from "
+                        "the folder name")
+        return [seg]
+    seg.run_id = run.run_id or folder_id
+    seg.name = run.display_name or None
+    seg.group = run.run_group or None
+    seg.tags = {t: "" for t in run.tags}
+    if run.HasField("start_time"):
+        seg.start_time = run.start_time.seconds + run.start_time.nanos / 1e9
+    meta.update(entity=run.entity or None, project=run.project or None, job_type=run.job_type or None,
+                tags=list(run.tags), resumed=bool(run.resumed or run.resume))
+    if run.starting_step:
+        meta["starting_step"] = run.starting_step
+    if run.runtime:
+        meta["prior_runtime"] = run.runtime
+    if run.HasField("branch_point") and run.branch_point.run:
+        bp = run.branch_point
+        meta["branch_point"] = {"run": bp.run, "value": bp.value, "metric": bp.metric or "_step"}
+        meta["forked"] = bool(run.forked) or bp.run != seg.run_id  # a fork branches off another run
+        if (bp.metric or "_step") == "_step":
+            seg.resumed_from_step = int(bp.value)
+    if internal:
+        meta["wandb"] = internal
+    return [seg]
