@@ -1,0 +1,195 @@
+"""``wandb://`` sources through the real ``wandb.Api`` against a local stub of the W&B server.
+
+The stub (tests/wandb_stub.py) answers the GraphQL operations and file downloads the installed
+client really sends; nothing in the client is mocked. Faults (HTTP 500, a hang, a rejected key,
+nothing listening) must come back as clear errors within bounded time.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from wandb_stub import StubRun, WandbStub
+
+from detectors.sources import read_source
+from detectors.sources.wandb_api import read_wandb_api
+
+pytestmark = pytest.mark.server
+
+KEY = "k" * 40
+
+
+def _rows(n: int, *, offset: int = 0) -> list[dict]:
+    return [{"_step": s, "_runtime": 0.5 * s, "_timestamp": 1.76e9 + 2.0 * s,
+             "train/kl_penalty": 0.01 + math.sin(s / 50) * 1e-3, "train": {"reward": s / 10},
+             "note": "text", "done": False} for s in range(offset, offset + n)]
+
+
+def _runs() -> dict[tuple[str, str], list[StubRun]]:
+    return {("team", "rl"): [
+        StubRun(id="r1", name="grpo-7b", rows=_rows(1200), config={"lr": 1e-6, "model": {"size": 7}},
+                group="grpo-7b", job_type="train", tags=["grpo"], state="finished",
+                created_at="2026-01-02T03:04:05", summary={"train/kl_penalty": 0.5}, exported_rows=700),
+        StubRun(id="r2", name="grpo-7b", rows=_rows(30, offset=1200), group="grpo-7b", state="running"),
+        StubRun(id="r3", name="broken", rows=_rows(5), broken=True),
+    ]}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def wandb_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Keep the client's cache and settings in the test's folder, before wandb-core starts."""
+    root = tmp_path_factory.mktemp("wandb-api")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_CACHE_DIR", str(root / "cache"))
+        mp.setenv("WANDB_CONFIG_DIR", str(root / "config"))
+        mp.setenv("WANDB_SILENT", "true")
+        mp.setenv("KLWATCH_WANDB_TIMEOUT", "20")
+        mp.setenv("KLWATCH_WANDB_RETRIES", "1")
+        yield
+
+
+@pytest.fixture
+def stub(monkeypatch: pytest.MonkeyPatch) -> Iterator[WandbStub]:
+    with WandbStub(runs=_runs()) as server:
+        monkeypatch.setenv("WANDB_BASE_URL", server.url)
+        monkeypatch.setenv("WANDB_API_KEY", KEY)
+        yield server
+
+
+def _faulty(monkeypatch: pytest.MonkeyPatch, fault: str) -> WandbStub:
+    monkeypatch.setenv("KLWATCH_WANDB_TIMEOUT", "1")
+    server = WandbStub(runs=_runs(), fault=fault).__enter__()
+    monkeypatch.setenv("WANDB_BASE_URL", server.url)
+    monkeypatch.setenv("WANDB_API_KEY", KEY)
+    return server
+
+
+def test_full_history_and_metadata_of_every_run(stub: WandbStub) -> None:
+    out = read_wandb_api("wandb://team/rl")
+    assert out.errors == [] and out.kinds == ["wandb-api"]
+    by_ref = {s.ref: s for s in out.segments}
+    assert sorted(by_ref) == ["r1", "r2", "r3"]
+    seg = by_ref["r1"]
+    assert seg.error is None
+    assert (seg.kind, seg.run_id, seg.name, seg.group, seg.store) == (
+        "wandb-api", "r1", "grpo-7b", "grpo-7b", "wandb://team/rl")
+    rows = _rows(1200)
+    kl = seg.series["train/kl_penalty"]
+    assert kl.steps.tolist() == list(range(1200))  # every row: more than the 500 history() samples
+    assert kl.values.tolist() == [r["train/kl_penalty"] for r in rows]
+    assert kl.wall_times.tolist() == [r["_timestamp"] for r in rows]
+    assert seg.series["train.reward"].values.tolist() == [r["train"]["reward"] for r in rows]
+    assert seg.series["_runtime"].values.tolist() == [r["_runtime"] for r in rows]
+    assert "note" not in seg.series and "done" not in seg.series
+    assert seg.config == {"lr": 1e-6, "model": {"size": 7}}
+    assert seg.tags == {"grpo": ""}
+    assert seg.start_time == datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc).timestamp()
+    assert seg.meta["state"] == "finished" and seg.meta["summary"] == {"train/kl_penalty": 0.5}
+    assert by_ref["r2"].series["train/kl_penalty"].steps.tolist() == list(range(1200, 1230))
+    assert by_ref["r2"].meta["state"] == "running"
+    # the exported part came from the parquet export, the rest page by page; nothing sampled
+    assert "GET history.parquet" in stub.operations and "HistoryPage" in stub.operations
+    assert not {"RunSampledHistory", "RunFullHistory"} & set(stub.operations)
+    assert stub.unknown == []
+
+
+def test_a_run_that_cannot_be_read_is_an_error_segment_naming_it(stub: WandbStub) -> None:
+    out = read_wandb_api("wandb://team/rl")
+    [bad] = [s for s in out.segments if s.ref == "r3"]
+    assert bad.error is not None and "r3" in bad.error and "broken" in bad.error and "HTTP 500" in bad.error
+    assert bad.series == {}
+    assert all(s.error is None for s in out.segments if s.ref != "r3")
+
+
+def test_run_id_selects_one_run(stub: WandbStub) -> None:
+    out = read_source("wandb://team/rl/r2")
+    assert out.errors == []
+    [seg] = out.segments
+    assert seg.ref == "r2" and len(seg.series["train/kl_penalty"]) == 30
+    assert "Runs" not in stub.operations
+
+
+def test_unknown_project_run_and_bad_spec_are_errors(stub: WandbStub) -> None:
+    [err] = read_wandb_api("wandb://team/nope").errors
+    assert "team/nope" in err.message and "not found" in err.message
+    [err] = read_wandb_api("wandb://team/rl/zzz").errors
+    assert "team/rl/zzz" in err.message and "not found" in err.message
+    [err] = read_wandb_api("wandb://team").errors
+    assert "wandb://ENTITY/PROJECT" in err.message
+
+
+@pytest.mark.parametrize(("fault", "says"), [
+    ("500", "answered HTTP 500"),
+    ("hang", "did not answer within 1 s"),
+    ("401", "rejected the credentials"),
+])
+def test_server_faults_are_clear_errors_in_bounded_time(monkeypatch: pytest.MonkeyPatch, fault: str,
+                                                        says: str) -> None:
+    server = _faulty(monkeypatch, fault)
+    try:
+        start = time.monotonic()
+        out = read_wandb_api("wandb://team/rl")
+        elapsed = time.monotonic() - start
+    finally:
+        server.stop()
+    assert out.segments == []
+    [err] = out.errors
+    assert says in err.message and server.url in err.message
+    assert elapsed < 30
+
+
+def test_history_download_that_hangs_fails_that_run_in_bounded_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = _faulty(monkeypatch, "hang_history")
+    try:
+        start = time.monotonic()
+        out = read_wandb_api("wandb://team/rl/r1")
+        elapsed = time.monotonic() - start
+    finally:
+        server.stop()
+    assert out.errors == []
+    [seg] = out.segments
+    assert seg.error is not None and "r1" in seg.error and "did not answer" in seg.error
+    assert elapsed < 30
+
+
+def test_unreachable_server_and_missing_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("KLWATCH_WANDB_TIMEOUT", "2")
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("WANDB_API_KEY", KEY)
+    [err] = read_wandb_api("wandb://team/rl").errors
+    assert "cannot reach W&B server" in err.message and str(port) in err.message
+    monkeypatch.delenv("WANDB_API_KEY")
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    [err] = read_wandb_api("wandb://team/rl").errors
+    assert "WANDB_API_KEY" in err.message and "no W&B credentials" in err.message
+    assert os.environ.get("WANDB_API_KEY") is None
+
+
+def test_watchdog_gives_up_when_the_clients_own_timeouts_are_long(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user's own (long) wandb timeouts are left alone; the watchdog still bounds the scan."""
+    from wandb.sdk import wandb_setup
+
+    settings = wandb_setup.singleton().settings
+    monkeypatch.setattr(settings, "x_graphql_timeout_seconds", 600.0)
+    monkeypatch.setattr(settings, "x_file_transfer_timeout_seconds", 600.0)
+    server = _faulty(monkeypatch, "hang_history")
+    try:
+        start = time.monotonic()
+        out = read_wandb_api("wandb://team/rl/r1")
+        elapsed = time.monotonic() - start
+    finally:
+        server.stop()
+    [err] = out.errors
+    assert "stopped answering while reading run r1" in err.message and server.url in err.message
+    assert elapsed < 30
