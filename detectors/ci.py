@@ -1,0 +1,357 @@
+"""``klwatch check`` and ``assert_no_reference_reset``: the reset as a failing CI job or test.
+
+Why a separate face from ``scan``: in CI the useful output is nothing when all is well and one line
+per problem when not, in the places CI systems look (GitHub workflow annotations, the job's step
+summary, JUnit XML), with the exit code as the gate. ``--fail-on`` lets the other resume-integrity
+detectors (``Finding``s) gate the job too; a reference reset always does (SPEC.md exit code 1).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Optional
+from xml.etree import ElementTree as ET
+
+import numpy as np
+import typer
+
+from .cli_common import (GroupOpt, IntentOpt, JunitOpt, LineageOpt, MetricOpt, ResetScoreOpt, RestartOpt, SourcesArg,
+                         build_config, err, run_scan)
+from .metrics import is_negated
+from .model import BoundaryVerdict, Finding, LineageResult, Series
+from .pipeline import ScanConfig, ScanResult, scan
+from .reference_reset import ReferenceResetConfig
+from .report import EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, EXIT_USAGE, exit_code, junit_xml
+
+RESET = "reference_reset"
+DEFAULT_FAIL_ON: tuple[str, ...] = (RESET,)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing that fails the check: a reset boundary, or an error finding of a --fail-on detector."""
+
+    result: LineageResult
+    verdict: BoundaryVerdict | None = None
+    finding: Finding | None = None
+
+    @property
+    def step(self) -> int | None:
+        return self.verdict.boundary.step if self.verdict else (self.finding.step if self.finding else None)
+
+
+def known_detectors() -> list[str] | None:
+    """The names ``--fail-on`` accepts, or None when this build has no finding detectors to check against."""
+    try:
+        from .findings import DETECTORS
+    except ImportError:
+        return None
+    return [RESET, *DETECTORS, "all"]
+
+
+def parse_fail_on(values: Sequence[str] | None) -> tuple[str, ...]:
+    """``--fail-on a,b --fail-on c`` -> ('a', 'b', 'c'); ``all`` means every detector's errors.
+
+    An unknown name is a ValueError: a typo must not turn a gate into one that never fails."""
+    names: list[str] = []
+    for v in values or DEFAULT_FAIL_ON:
+        names.extend(x.strip() for x in v.split(",") if x.strip())
+    known = known_detectors()
+    unknown = [n for n in names if known is not None and n not in known]
+    if unknown:
+        raise ValueError(f"unknown detector(s) in --fail-on: {', '.join(unknown)} (known: {', '.join(known or [])})")
+    return tuple(dict.fromkeys(names)) or DEFAULT_FAIL_ON
+
+
+def problems(result: ScanResult, *, fail_on: Sequence[str]) -> list[Problem]:
+    """Every reset boundary, then every error finding from a detector named in ``fail_on``."""
+    out: list[Problem] = []
+    for r in result.results:
+        out.extend(Problem(r, verdict=v) for v in r.verdicts if v.verdict == RESET)
+        for f in r.findings:
+            if f.severity == "error" and f.detector != RESET and ("all" in fail_on or f.detector in fail_on):
+                out.append(Problem(r, finding=f))
+    return out
+
+
+def check_exit_code(result: ScanResult, found: list[Problem]) -> int:
+    """SPEC.md's codes; a failing finding counts as a problem like a reset does."""
+    code = exit_code(result)
+    if code in (EXIT_OK, EXIT_UNREADABLE) and found:
+        return EXIT_RESET
+    return code
+
+
+def _g(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x:.3g}"
+
+
+def problem_line(p: Problem) -> str:
+    """The one line ``check`` prints per problem."""
+    run = p.result.lineage.name
+    if p.verdict is not None:
+        v, b = p.verdict, p.verdict.boundary
+        since = f" (resumed from step {b.resumed_from_step})" if b.resumed_from_step is not None else ""
+        return (f"{run}: reference reset at step {b.step}{since}: KL {_g(v.kl_before)} -> {_g(v.kl_after)}, "
+                f"score {v.score:.2f}")
+    assert p.finding is not None
+    at = f" at step {p.finding.step}" if p.finding.step is not None else ""
+    return f"{run}: {p.finding.detector}{at}: {p.finding.message}"
+
+
+# ------------------------------------------------------------------------------ GitHub Actions
+
+
+def _escape_data(s: str) -> str:
+    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(s: str) -> str:
+    return _escape_data(s).replace(":", "%3A").replace(",", "%2C")
+
+
+def github_annotation(p: Problem) -> str:
+    """A workflow command GitHub turns into an error annotation on the run's summary page."""
+    run = p.result.lineage.name
+    if p.verdict is not None:
+        title = f"klwatch: KL reference reset in {run} at step {p.verdict.boundary.step}"
+        message = f"{problem_line(p)}. {p.verdict.explanation}"
+    else:
+        assert p.finding is not None
+        title = f"klwatch: {p.finding.detector} in {run}"
+        message = problem_line(p)
+    return f"::error title={_escape_property(title)}::{_escape_data(message)}"
+
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def _kl_pieces(r: LineageResult) -> list[np.ndarray]:
+    if r.metric is None:
+        return []
+    out = []
+    for piece in r.lineage.pieces:
+        s: Series | None = piece.get(r.metric)
+        vals = s.values[np.isfinite(s.values)] if s is not None and len(s) else np.empty(0)
+        out.append(-vals if is_negated(r.metric) else vals)
+    return out
+
+
+def sparkline(r: LineageResult, *, width: int = 60) -> tuple[str, str] | None:
+    """The run's KL as unicode blocks, a ``│`` at every resume, and a caret line under flagged resumes.
+
+    Each piece (stretch between restarts) gets width in proportion to its points; points are averaged
+    into characters within a piece only, so a drop right after a resume is never smoothed into the
+    step before it. Returns (sparkline, marker line), or None without a KL.
+    """
+    pieces = _kl_pieces(r)
+    n = sum(len(p) for p in pieces)
+    if n == 0:
+        return None
+    top = max(float(np.max(p)) for p in pieces if len(p))
+    flagged = {v.boundary.piece_index for v in r.verdicts if v.verdict == RESET}
+    line, marks = [], []
+    for k, p in enumerate(pieces):
+        if k:
+            line.append("│")
+            marks.append("^" if k in flagged else " ")
+        if not len(p):
+            continue
+        chars = max(1, round(width * len(p) / n))
+        for chunk in np.array_split(p, min(chars, len(p))):
+            level = 0 if top <= 0 else int(round(np.clip(float(np.mean(chunk)) / top, 0.0, 1.0) * (len(SPARK) - 1)))
+            line.append(SPARK[level])
+            marks.append(" ")
+    return "".join(line), "".join(marks).rstrip()
+
+
+def step_summary(result: ScanResult, found: list[Problem]) -> str:
+    """The markdown appended to ``$GITHUB_STEP_SUMMARY``: verdict, a table, a sparkline per flagged run."""
+    runs = len(result.results)
+    boundaries = sum(len(r.verdicts) for r in result.results)
+    if found:
+        head = f"### ❌ klwatch check: {len(found)} problem(s) in {len({id(p.result) for p in found})} of {runs} training run(s)"
+    elif result.any_error or result.nothing_read:
+        head = f"### ⚠️ klwatch check: no reset found, but some sources could not be read ({runs} training run(s))"
+    else:
+        head = f"### ✅ klwatch check: no reference reset ({runs} training run(s), {boundaries} resume(s) judged)"
+    lines = [head, ""]
+    if found:
+        lines += ["| run | step | resumed from | problem | KL before → after | score |", "|---|---|---|---|---|---|"]
+        for p in found:
+            run = p.result.lineage.name.replace("|", "\\|")
+            if p.verdict is not None:
+                v, b = p.verdict, p.verdict.boundary
+                lines.append(f"| {run} | {b.step} | {'-' if b.resumed_from_step is None else b.resumed_from_step} | "
+                             f"**reference reset** | {_g(v.kl_before)} → {_g(v.kl_after)} | {v.score:.2f} |")
+            else:
+                assert p.finding is not None
+                msg = p.finding.message.replace("|", "\\|").replace("\n", " ")
+                lines.append(f"| {run} | {'-' if p.finding.step is None else p.finding.step} | - | "
+                             f"**{p.finding.detector}**: {msg} | - | - |")
+        lines.append("")
+        seen: set[int] = set()
+        for p in found:
+            r = p.result
+            if id(r) in seen or p.verdict is None:
+                continue
+            seen.add(id(r))
+            spark = sparkline(r)
+            if spark is None:
+                continue
+            steps = [int(b.step) for b in r.lineage.boundaries]
+            lines += [f"**{r.lineage.name}** — `{r.metric}`, resumes at step(s) {', '.join(map(str, steps)) or '-'}; "
+                      "`^` marks a reference reset", "", "```text", f"KL {spark[0]}", f"   {spark[1]}", "```", ""]
+            lines += [f"> {v.explanation}" for v in r.verdicts if v.verdict == RESET][:3]
+            lines.append("")
+    errors = [e.message for s in result.sources for e in s.errors] + [f"{r.lineage.name}: {r.error}" for r in result.results if r.error]
+    if errors:
+        lines += ["Could not read:", "", *[f"- {e}" for e in errors], ""]
+    return "\n".join(lines) + "\n"
+
+
+def junit_with_findings(result: ScanResult, found: list[Problem]) -> str:
+    """``report.junit_xml``, plus a failure on a run's test case for its failing findings."""
+    xml = junit_xml(result)
+    by_run: dict[int, list[Problem]] = {}
+    for p in found:
+        if p.finding is not None:
+            by_run.setdefault(id(p.result), []).append(p)
+    if not by_run:
+        return xml
+    suite = ET.fromstring(xml)
+    cases = suite.findall("testcase")
+    added = 0
+    for r, case in zip(result.results, cases):  # junit_xml writes one case per result, in order
+        mine = by_run.get(id(r))
+        if not mine:
+            continue
+        if case.find("failure") is None:
+            for skip in case.findall("skipped"):
+                case.remove(skip)
+            f = ET.Element("failure", type="finding",
+                           message="; ".join(problem_line(p) for p in mine))
+            case.insert(0, f)
+            added += 1
+        else:
+            case.find("failure").text = (case.find("failure").text or "") + "\n" + "\n".join(problem_line(p) for p in mine)  # type: ignore[union-attr]
+    suite.set("failures", str(int(suite.get("failures", "0")) + added))
+    suite.set("skipped", str(len(suite.findall("testcase/skipped"))))
+    return ET.tostring(suite, encoding="unicode", xml_declaration=True)
+
+
+# ------------------------------------------------------------------------------------ command
+
+
+FailOnOpt = Annotated[Optional[list[str]], typer.Option(
+    "--fail-on", help="Detectors whose error findings fail the check too, comma-separated or repeated "
+                      "(default reference_reset; 'all' for every detector). A reference reset always fails.")]
+
+
+def check_command(
+    sources: SourcesArg,
+    metric: MetricOpt = None,
+    intentional_reset: IntentOpt = None,
+    restart: RestartOpt = None,
+    group_by: GroupOpt = None,
+    lineage: LineageOpt = None,
+    junit: JunitOpt = None,
+    reset_score: ResetScoreOpt = ReferenceResetConfig.reset_score,
+    fail_on: FailOnOpt = None,
+) -> None:
+    """For CI: silent when all is well; one line per reset (GitHub annotations under Actions) and exit 1.
+
+    Exit codes: 0 clean; 1 a reference reset (or an error finding of a --fail-on detector);
+    2 bad usage or nothing readable; 3 no reset, but some sources or runs could not be read.
+    """
+    try:
+        names = parse_fail_on(fail_on)
+    except ValueError as exc:
+        err.print(f"[red]error[/] {exc}", highlight=False)
+        raise typer.Exit(EXIT_USAGE)
+    config = build_config(metric, intentional_reset, restart, group_by, lineage, reset_score)
+    result = run_scan(sources, config, show_progress=False)
+    found = problems(result, fail_on=names)
+    github = os.environ.get("GITHUB_ACTIONS") == "true"
+    for p in found:
+        print(github_annotation(p) if github else problem_line(p))
+    for s in result.sources:
+        for e in s.errors:
+            print(f"::error title={_escape_property('klwatch: unreadable source')}::{_escape_data(e.message)}" if github else
+                  f"error: {e.message}", file=sys.stdout if github else sys.stderr)
+    for r in result.results:
+        if r.error:
+            msg = f"{r.lineage.name}: {r.error}"
+            print(f"::error title={_escape_property('klwatch: unreadable run')}::{_escape_data(msg)}" if github else f"error: {msg}",
+                  file=sys.stdout if github else sys.stderr)
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        try:
+            with open(summary, "a", encoding="utf-8") as fh:
+                fh.write(step_summary(result, found))
+        except OSError as exc:
+            err.print(f"[yellow]warning[/] cannot append to GITHUB_STEP_SUMMARY {summary}: {exc}", highlight=False)
+    if junit is not None:
+        junit.write_text(junit_with_findings(result, found))
+    raise typer.Exit(check_exit_code(result, found))
+
+
+# --------------------------------------------------------------------------------- Python API
+
+
+def assert_no_reference_reset(
+    *sources: str | os.PathLike[str],
+    metric: str | Sequence[str] | None = None,
+    intentional_reset: Sequence[int] = (),
+    restart: Sequence[int] = (),
+    fail_on: Sequence[str] = DEFAULT_FAIL_ON,
+    reset_score: float = ReferenceResetConfig.reset_score,
+    min_boundaries: int = 0,
+    allow_unreadable: bool = False,
+) -> ScanResult:
+    """Fail a test (AssertionError) when the logs in ``sources`` show a KL reference reset.
+
+    For a framework's own resume test: train a few steps, checkpoint, resume, then
+    ``assert_no_reference_reset(logdir, min_boundaries=1)``. The message names each run, the boundary
+    step, KL before/after and the score. ``min_boundaries`` guards against a vacuous pass (the resume
+    was not seen at all); unreadable sources fail unless ``allow_unreadable``. Returns the scan.
+    """
+    if not sources:
+        raise ValueError("assert_no_reference_reset needs at least one source (a log folder, store or URL)")
+    metrics = (metric,) if isinstance(metric, str) else tuple(metric or ())
+    config = ScanConfig(metrics=metrics, intentional_resets=tuple(intentional_reset), declared_restarts=tuple(restart),
+                        reference_reset=ReferenceResetConfig(reset_score=reset_score))
+    result = scan([os.fspath(s) for s in sources], config=config)
+    found = problems(result, fail_on=parse_fail_on(list(fail_on)))
+    msgs: list[str] = []
+    for p in found:
+        where = f"run {p.result.lineage.name!r} ({p.result.lineage.id})"
+        if p.verdict is not None:
+            v, b = p.verdict, p.verdict.boundary
+            since = f", resumed from step {b.resumed_from_step}" if b.resumed_from_step is not None else ""
+            msgs.append(f"KL reference reset in {where} at boundary step {b.step}{since}: KL before {_g(v.kl_before)}, "
+                        f"KL after {_g(v.kl_after)}, score {v.score:.2f}. {v.explanation}")
+        else:
+            assert p.finding is not None
+            msgs.append(f"{p.finding.detector} in {where}: {problem_line(p)}")
+    unreadable = [e.message for s in result.sources for e in s.errors] + \
+                 [f"{r.lineage.name}: {r.error}" for r in result.results if r.error]
+    if result.nothing_read:
+        msgs.append("klwatch could not read any run from " + ", ".join(map(os.fspath, sources)) +
+                    (": " + "; ".join(unreadable) if unreadable else ""))
+    elif unreadable and not allow_unreadable:
+        msgs.append("klwatch could not read: " + "; ".join(unreadable))
+    seen = sum(len(r.lineage.boundaries) for r in result.results)
+    if not result.nothing_read and seen < min_boundaries:
+        msgs.append(f"expected at least {min_boundaries} resume boundary(ies), found {seen}: the resume did not show in "
+                    "the logs (is the resumed process logging to the same place?)")
+    if msgs:
+        raise AssertionError("\n".join(msgs))
+    return result
+
+
+__all__ = ["assert_no_reference_reset", "check_command", "problems", "step_summary", "sparkline", "Problem"]

@@ -1,0 +1,230 @@
+"""``klwatch check`` and ``assert_no_reference_reset`` as CI runs them: quiet when all is well, one
+line (or GitHub annotation) per reset, a step summary with a sparkline, JUnit XML, SPEC.md's exit
+codes, ``--fail-on`` for the other detectors; and the examples/ that show them work as written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from detectors.ci import assert_no_reference_reset, sparkline
+from detectors.cli import app
+from detectors.pipeline import ScanConfig, scan
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_run(folder: Path, *, resumes: list[int], buggy: bool, last: int = 90, seed: int = 0) -> None:
+    """One training run as TensorBoard logs it: a new event file per process."""
+    from tensorboardX import SummaryWriter
+
+    rng = np.random.default_rng(seed)
+    starts, ends = [1] + [r + 1 for r in resumes], resumes + [last]
+    ref, wall = 0, 1_700_000_000.0
+    for k, (a, b) in enumerate(zip(starts, ends)):
+        if k and buggy:
+            ref = a - 1
+        w = SummaryWriter(str(folder), filename_suffix=f".p{k}")
+        for s in range(a, b + 1):
+            w.add_scalar("train/kl_penalty", 0.05 * (1 - np.exp(-(s - ref) / 8.0)) * np.exp(rng.normal(0, 0.1)), s,
+                         walltime=wall)
+            wall += 5.0
+        w.close()
+        wall += 900.0
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("runs")
+    write_run(root / "good" / "grpo-fixed", resumes=[40], buggy=False)
+    write_run(root / "good" / "grpo-continuous", resumes=[], buggy=False, seed=1)
+    write_run(root / "bad" / "grpo-buggy", resumes=[40], buggy=True)
+    write_run(root / "bad" / "grpo-ratchet", resumes=[30, 55, 80], buggy=True, last=110, seed=2)
+    return root
+
+
+def check(*args: object, env: dict[str, str] | None = None):
+    """The real command in this process, with the environment CI gives it."""
+    base = {"GITHUB_ACTIONS": None, "GITHUB_STEP_SUMMARY": None}
+    return CliRunner().invoke(app, ["check", *map(str, args)], env={**base, **(env or {})}, catch_exceptions=False)
+
+
+def test_all_well_is_silent_and_exits_0(runs):
+    res = check(runs / "good")
+    assert res.exit_code == 0
+    assert res.stdout == "" and res.stderr == ""
+
+
+def test_one_line_per_reset_boundary_and_exit_1(runs):
+    res = check(runs)
+    assert res.exit_code == 1
+    lines = res.stdout.splitlines()
+    heads = sorted(ln.split(" (resumed")[0] for ln in lines)
+    assert heads == ["bad/grpo-buggy: reference reset at step 41", "bad/grpo-ratchet: reference reset at step 31",
+                     "bad/grpo-ratchet: reference reset at step 56", "bad/grpo-ratchet: reference reset at step 81"]
+    assert all("KL " in ln and " -> " in ln and "score" in ln for ln in lines)
+
+
+def test_github_actions_gets_annotations_and_an_appended_step_summary(runs, tmp_path):
+    summary = tmp_path / "summary.md"
+    summary.write_text("# earlier step\n")
+    res = check(runs, env={"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)})
+    assert res.exit_code == 1
+    lines = res.stdout.splitlines()
+    assert len(lines) == 4 and all(ln.startswith("::error title=klwatch%3A KL reference reset in ") for ln in lines)
+    assert any("bad/grpo-buggy at step 41::bad/grpo-buggy: reference reset at step 41" in ln for ln in lines)
+    assert all("\n" not in ln and "%0A" not in ln.split("::", 2)[1] for ln in lines)
+
+    text = summary.read_text()
+    assert text.startswith("# earlier step\n")  # appended, never overwritten
+    assert "❌ klwatch check: 4 problem(s) in 2 of 4 training run(s)" in text
+    assert "| bad/grpo-buggy | 41 | 40 | **reference reset** |" in text
+    blocks = text.split("```text\n")[1:]
+    assert len(blocks) == 2  # one sparkline per flagged run
+    for block in blocks:
+        spark, marks = block.split("\n")[:2]
+        assert spark.startswith("KL ") and set(spark[3:]) <= set("▁▂▃▄▅▆▇█│")
+        carets = [i for i, ch in enumerate(marks) if ch == "^"]
+        assert carets and all(spark[i] == "│" for i in carets)
+
+
+def test_all_well_summary_is_one_reassuring_line(runs, tmp_path):
+    summary = tmp_path / "summary.md"
+    res = check(runs / "good", env={"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)})
+    assert res.exit_code == 0 and res.stdout == ""
+    assert summary.read_text().startswith("### ✅ klwatch check: no reference reset (2 training run(s), 1 resume(s) judged)")
+
+
+def test_junit_has_a_failing_case_per_reset_run(runs, tmp_path):
+    junit = tmp_path / "klwatch.xml"
+    res = check(runs, "--junit", junit)
+    assert res.exit_code == 1
+    suite = ET.parse(junit).getroot()
+    failing = sorted(c.get("name") for c in suite.iter("testcase") if c.find("failure") is not None)
+    assert failing == ["bad/grpo-buggy", "bad/grpo-ratchet"] and suite.get("failures") == "2" and suite.get("tests") == "4"
+
+
+def test_exit_codes_for_unreadable_sources(runs, tmp_path):
+    partly = check(runs / "good", tmp_path / "missing")
+    assert partly.exit_code == 3 and partly.stdout == "" and "missing" in partly.stderr
+    reset_wins = check(runs / "bad", tmp_path / "missing")
+    assert reset_wins.exit_code == 1
+    nothing = check(tmp_path / "missing")
+    assert nothing.exit_code == 2
+    gh = check(runs / "good", tmp_path / "missing", env={"GITHUB_ACTIONS": "true"})
+    assert gh.exit_code == 3 and gh.stdout.startswith("::error title=klwatch%3A unreadable source::")
+
+
+def test_sparkline_marks_each_reset_under_its_resume(runs):
+    result = scan([str(runs / "bad" / "grpo-ratchet")], config=ScanConfig(findings=False))
+    spark, marks = sparkline(result.results[0], width=40)
+    assert spark.count("│") == 3 and marks.count("^") == 3
+    for before, after in zip(spark.split("│"), spark.split("│")[1:]):
+        # the collapse right after the resume is never averaged with the level before it
+        assert "▁▂▃▄▅▆▇█".index(after[0]) < "▁▂▃▄▅▆▇█".index(before[-1]) - 2
+
+
+# ------------------------------------------------------------------------- --fail-on with findings
+
+
+@pytest.fixture(scope="module")
+def lr_restart(tmp_path_factory) -> Path:
+    """The generator's run whose LR scheduler is re-created at the resume (reference correct)."""
+    out = tmp_path_factory.mktemp("lr")
+    subprocess.run([sys.executable, str(REPO / "sample_runs" / "generate.py"), "--out", str(out), "--scenarios",
+                    "lr-restart", "--trackers", "tensorboard", "--step-delay", "0", "--restart-gap", "0.2", "--quiet"],
+                   check=True, cwd=REPO, capture_output=True)
+    fault = json.loads((out / "manifest.json").read_text())["runs"][0]["faults"][0]
+    assert fault["fault"] == "lr_schedule_restart"
+    return out / "tensorboard" / "lr-restart", fault["step"]
+
+
+def test_fail_on_gates_on_error_findings_of_the_named_detectors(lr_restart, tmp_path):
+    lr_restart, step = lr_restart
+    assert check(lr_restart).exit_code == 0  # by default only the reference reset fails the check
+    named = check(lr_restart, "--fail-on", "lr_schedule_restart")
+    assert named.exit_code == 1
+    lines = named.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"lr-restart: lr_schedule_restart at step {step}: ")
+    assert check(lr_restart, "--fail-on", "optimizer_state_lost,kl_coef_reset").exit_code == 0
+    assert check(lr_restart, "--fail-on", "reference_reset", "--fail-on", "all").exit_code == 1
+    junit = tmp_path / "j.xml"
+    check(lr_restart, "--fail-on", "lr_schedule_restart", "--junit", junit)
+    failure = ET.parse(junit).getroot().find("testcase/failure")
+    assert failure is not None and failure.get("type") == "finding" and "lr_schedule_restart" in failure.get("message")
+    typo = check(lr_restart, "--fail-on", "lr_schedule_rstart")
+    assert typo.exit_code == 2 and "unknown detector" in typo.stderr
+
+
+# --------------------------------------------------------------------------------------- Python API
+
+
+def test_assert_no_reference_reset_message_names_run_step_kl_and_score(runs):
+    with pytest.raises(AssertionError) as caught:
+        assert_no_reference_reset(runs / "bad" / "grpo-buggy")
+    msg = str(caught.value)
+    assert "run 'grpo-buggy'" in msg and "boundary step 41" in msg and "resumed from step 40" in msg
+    assert "KL before 0.0" in msg and "KL after " in msg and "score 1.00" in msg
+
+
+def test_assert_no_reference_reset_passes_a_good_resume_and_returns_the_scan(runs):
+    result = assert_no_reference_reset(runs / "good" / "grpo-fixed", min_boundaries=1)
+    assert [v.verdict for r in result.results for v in r.verdicts] == ["ok"]
+
+
+def test_assert_no_reference_reset_fails_when_the_resume_is_not_in_the_logs(runs, tmp_path):
+    with pytest.raises(AssertionError, match="expected at least 1 resume boundary"):
+        assert_no_reference_reset(runs / "good" / "grpo-continuous", min_boundaries=1)
+    with pytest.raises(AssertionError, match="could not read any run"):
+        assert_no_reference_reset(tmp_path / "nothing-here")
+    with pytest.raises(AssertionError, match="could not read"):
+        assert_no_reference_reset(runs / "good", tmp_path / "nothing-here")
+    assert_no_reference_reset(runs / "good", tmp_path / "nothing-here", allow_unreadable=True)
+
+
+def test_assert_no_reference_reset_honours_declared_intentional_resets(runs):
+    assert_no_reference_reset(runs / "bad" / "grpo-buggy", intentional_reset=[41])
+
+
+# ------------------------------------------------------------------------------------------ examples
+
+
+def test_github_workflow_example_runs_as_written(tmp_path):
+    """Every shell step after the setup, in order, as the runner would run it (bash -e, RUNNER_TEMP,
+    GITHUB_ACTIONS=true, a step summary file); the gate must pass and the self-test must hold."""
+    wf = yaml.safe_load((REPO / "examples" / "github-actions" / "klwatch-resume-test.yml").read_text())
+    steps = wf["jobs"]["resume-test"]["steps"]
+    assert any("klwatch check" in s.get("run", "") for s in steps)
+    summary = tmp_path / "summary.md"
+    env = {**os.environ, "RUNNER_TEMP": str(tmp_path), "GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    ran = 0
+    for step in steps:
+        if "run" not in step or step.get("id") == "setup":
+            continue
+        proc = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, f"step {step.get('name')!r} failed:\n{proc.stdout}\n{proc.stderr}"
+        ran += 1
+    assert ran == 4
+    assert summary.read_text().startswith("### ✅ klwatch check: no reference reset")
+    assert ET.parse(tmp_path / "klwatch-junit.xml").getroot().get("failures") == "0"
+    buggy_step = json.loads((tmp_path / "buggy" / "manifest.json").read_text())["runs"][0]["boundaries"][0]["step"]
+    assert f"reference reset at step {buggy_step} " in (tmp_path / "buggy.txt").read_text()
+
+
+def test_pytest_example_passes(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path),
+                           str(REPO / "examples" / "pytest_resume_test.py")], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 passed" in proc.stdout
