@@ -15,7 +15,7 @@ import numpy as np
 
 from .boundaries import BoundaryConfig, infer_boundaries, split_segment
 from .metrics import choose_kl_metric, declared_reference_resets, is_negated, step_axis_metric, to_framework_steps
-from .model import Finding, Lineage, LineageResult, Segment, Series, SourceError, SourceRead
+from .model import BoundaryVerdict, Finding, Lineage, LineageResult, Segment, Series, SourceError, SourceRead
 from .reference_reset import ReferenceResetConfig, judge_boundary, typical_kl
 from .sources import read_source, split_pattern
 from .stitching import StitchConfig, stitch
@@ -144,9 +144,11 @@ def judge_lineage(lineage: Lineage, *, config: ScanConfig) -> LineageResult:
     result = LineageResult(lineage, metric, "ok")
     if len(finite) and np.all(np.abs(finite) < 1e-12):
         result.status = "kl_disabled"
+        _unjudged(result, f"{metric} is 0 for the whole run: the KL penalty is off, so there is no reference to reset.")
         return _with_findings(result, config)
     if len(finite) < config.reference_reset.min_points_before + 1:
         result.status = "insufficient_data"
+        _unjudged(result, f"Only {len(finite)} finite {metric} point(s) in the whole run: too few to judge.")
         return _with_findings(result, config)
 
     scale = typical_kl(finite)
@@ -178,6 +180,12 @@ def judge_lineage(lineage: Lineage, *, config: ScanConfig) -> LineageResult:
     if errors:
         result.error = "; ".join(errors)
     return _with_findings(result, config)
+
+
+def _unjudged(result: LineageResult, why: str) -> None:
+    """Boundaries of a run that cannot be judged are still reported, saying why."""
+    for b in result.lineage.boundaries:
+        result.verdicts.append(BoundaryVerdict(b, "inconclusive", 0.5, None, None, why))
 
 
 def _with_findings(result: LineageResult, config: ScanConfig) -> LineageResult:

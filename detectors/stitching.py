@@ -14,7 +14,7 @@ import fnmatch
 import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from .metrics import flatten
 from .model import Segment
@@ -163,15 +163,42 @@ def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig()) ->
                 lineages.append((lid, name, chain))
 
     for ck in checkpoints:
-        same_source = [lin for lin in lineages if lin[2][0].source == ck.source]
-        match = [lin for lin in same_source if ck.name and (base_name(ck.name) == base_name(lin[1]) or ck.name == lin[1])]
-        target = match or (same_source if len(same_source) == 1 else [])
-        if target:
-            for lin in target:
-                lin[2].append(ck)
+        target = _checkpoint_owner(ck, lineages)
+        if target is not None:
+            target[2].append(ck)
         else:
             lineages.append((f"checkpoints:{ck.ref}", ck.name or ck.ref, [ck]))
     return out + lineages
+
+
+def _common_depth(a: str, b: str) -> int:
+    pa, pb = PurePosixPath(a).parts, PurePosixPath(b).parts
+    n = 0
+    for x, y in zip(pa, pb):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _checkpoint_owner(ck: Segment, lineages: list[tuple[str, str, list[Segment]]]) -> tuple[str, str, list[Segment]] | None:
+    """The training run a checkpoint folder belongs to: by name, else the run logged nearest to it
+    in the folder tree (``run/checkpoints/step_N`` beside ``run/events...``), else the only run of
+    its source. Ambiguity leaves it alone rather than lending evidence to the wrong run."""
+    same_source = [lin for lin in lineages if lin[2][0].source == ck.source and lin[2][0].kind != "checkpoints"]
+    if ck.name:
+        named = [lin for lin in same_source if base_name(ck.name) in (base_name(lin[1]), lin[1])]
+        if len(named) == 1:
+            return named[0]
+    home = str(PurePosixPath(ck.ref).parent)
+    depths = [(max(_common_depth(home, str(PurePosixPath(s.ref).parent)) for s in lin[2]), i)
+              for i, lin in enumerate(same_source)]
+    if depths:
+        best = max(d for d, _ in depths)
+        winners = [i for d, i in depths if d == best]
+        if best > 0 and len(winners) == 1:
+            return same_source[winners[0]]
+    return same_source[0] if len(same_source) == 1 else None
 
 
 def _lineage_name(key: str, chain: list[Segment]) -> str:
