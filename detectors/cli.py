@@ -6,6 +6,7 @@ so CI can gate on it without parsing output.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -61,7 +62,9 @@ def scan_command(
     elif text is not None:
         sys.stdout.write(text)
     else:
-        render_table(result, Console())
+        # piped into a file or a CI log: do not squeeze the table into 80 columns
+        wide = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "200"))
+        render_table(result, Console(width=wide))
     if junit is not None:
         junit.write_text(junit_xml(result))
     raise typer.Exit(exit_code(result))
