@@ -363,7 +363,8 @@ def main() -> None:
         st.divider()
         run_key = st.selectbox("Run", list(runs), key="run",
                                format_func=lambda k: f"{runs[k].lineage.name} ({runs[k].status})")
-        show_run(run_key, runs[run_key])
+        with st.container(key="run_view"):
+            show_run(run_key, runs[run_key])
     sync_url(run=run_key)
 
 

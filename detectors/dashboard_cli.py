@@ -21,13 +21,8 @@ err = Console(stderr=True)
 
 
 def app_path() -> Path:
-    """The dashboard page, found through the installed ``dashboard`` package (or beside ``detectors/``)."""
-    try:
-        import dashboard
-
-        return Path(dashboard.__file__).resolve().parent / "app.py"
-    except ImportError:
-        return Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
+    """The dashboard page: the ``dashboard`` package is installed beside ``detectors`` (checkout or site-packages)."""
+    return Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
 
 
 def default_sources() -> list[str]:
@@ -39,7 +34,7 @@ def default_sources() -> list[str]:
 def streamlit_command(*, sources: list[str], port: int, address: str) -> list[str]:
     """The ``streamlit run`` invocation: headless (no browser opened), no usage statistics sent."""
     return [sys.executable, "-m", "streamlit", "run", str(app_path()),
-            "--server.headless=true", "--browser.gatherUsageStats=false",
+            "--server.headless=true", "--browser.gatherUsageStats=false", "--client.toolbarMode=viewer",
             f"--server.port={port}", f"--server.address={address}",
             "--", *sources]
 

@@ -1,4 +1,4 @@
-"""Start the dashboard for real (``streamlit run``) on a free 127.0.0.1 port, and stop it."""
+"""Start the dashboard for real (``klwatch dashboard`` -> ``streamlit run``) on a free 127.0.0.1 port, and stop it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
+REPO = Path(__file__).resolve().parents[2]
+_direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1 never goes through a proxy
 
 
 def free_port() -> int:
@@ -25,20 +26,19 @@ def free_port() -> int:
 def running_dashboard(sources: list[str], *, log: Path, timeout: float = 60.0) -> Iterator[str]:
     """Yield the app's URL once /_stcore/health answers; the server is stopped on exit."""
     port = free_port()
-    cmd = [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless=true",
-           "--browser.gatherUsageStats=false", f"--server.port={port}", "--server.address=127.0.0.1",
-           "--server.fileWatcherType=none", "--", *sources]
+    # The README's command, `klwatch dashboard`, which execs `streamlit run dashboard/app.py` headless.
+    cmd = [sys.executable, "-m", "detectors.cli", "dashboard", "--port", str(port), "--address", "127.0.0.1", *sources]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + timeout
             while True:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"streamlit exited with {proc.returncode}: {log.read_text()[-2000:]}")
+                    raise RuntimeError(f"klwatch dashboard exited with {proc.returncode}: {log.read_text()[-2000:]}")
                 try:
-                    with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as resp:
+                    with _direct.open(f"{url}/_stcore/health", timeout=2) as resp:
                         if resp.status == 200:
                             break
                 except OSError:

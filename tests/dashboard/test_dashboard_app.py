@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 from detectors.pipeline import scan
 from detectors.reference_reset import ReferenceResetConfig
 
-from .runs import write_fleet
+from dashboard_runs import write_fleet
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
 

@@ -13,7 +13,7 @@ from detectors.model import Lineage, LineageResult, Segment, Series
 from detectors.pipeline import ScanConfig
 from detectors.reference_reset import ReferenceResetConfig
 
-from .runs import write_fleet
+from dashboard_runs import write_fleet
 
 
 @pytest.fixture(scope="module")

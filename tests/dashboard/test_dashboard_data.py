@@ -14,7 +14,7 @@ from detectors.pipeline import ScanConfig, scan
 from detectors.reference_reset import ReferenceResetConfig
 from detectors.report import to_dict
 
-from .runs import write_fleet, write_run
+from dashboard_runs import write_fleet, write_run
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,134 @@
+"""End to end in a real headless Chromium: `klwatch dashboard` serves the page, a person finds the
+flagged run in the fleet table, opens it and sees the KL chart with its resume markers.
+
+Runs on ``sample_runs/`` when it holds a flagged run, else on a small fleet written to tmp. Set
+``KLWATCH_SCREENSHOT=docs/run-view.png`` to also save the run view there (the README's picture).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from dashboard_runs import write_fleet
+from dashboard_server import REPO, running_dashboard
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+WAIT_MS = 90_000  # generous: the CI machine may be busy; a normal run takes well under a minute in all
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium (scripts/setup.sh --test installs it)"),
+]
+
+
+def _sources(tmp_path: Path) -> list[str]:
+    sample = REPO / "sample_runs"
+    if any(p.is_dir() and not p.name.startswith(("_", ".")) for p in sample.glob("*")) if sample.is_dir() else False:
+        return [str(sample)]
+    return [str(write_fleet(tmp_path / "runs"))]
+
+
+def _rows(page) -> list[dict[str, str]]:
+    """The fleet table as its accessible grid holds it (the visible grid is a canvas)."""
+    grid = page.locator("[data-testid=stDataFrame]").first.locator("table[role=grid]")
+    header = [c.inner_text().strip() for c in grid.locator("th").all()]
+    rows = []
+    for tr in grid.locator("tbody tr").all():
+        cells = [c.inner_text().strip() for c in tr.locator("td").all()]
+        rows.append(dict(zip(header, cells)))
+    return rows
+
+
+def _click_row(page, index: int) -> None:
+    """Tick the row's selection box on the grid's canvas (header and rows are 35 px tall)."""
+    box = page.locator("[data-testid=stDataFrame]").first.bounding_box()
+    assert box is not None
+    page.mouse.click(box["x"] + 18, box["y"] + 35 + 35 * index + 17)
+
+
+def _settled(page) -> None:
+    """Wait until the script run is over (Streamlit shows its 'running' widget meanwhile)."""
+    page.wait_for_timeout(300)
+    page.wait_for_function("() => !document.querySelector('[data-testid=stStatusWidget]')", timeout=WAIT_MS)
+
+
+def _open_run(page, name: str) -> None:
+    page.locator(".st-key-run_view h2", has_text=name).wait_for(timeout=WAIT_MS)
+    _settled(page)
+    page.locator(".st-key-run_chart .js-plotly-plot").wait_for(timeout=WAIT_MS)
+
+
+MARKER = re.compile(r"(RESET|ok|intentional|\?) [01]\.\d\d")
+
+
+def _markers(page, *, showing: str) -> list[str]:
+    """The boundary labels on the run chart (verdict and score), once plotly has drawn one starting with ``showing``
+    (the chart is updated in place, so the previous run's labels may linger for a moment)."""
+    page.wait_for_function(
+        "(word) => [...document.querySelectorAll('.st-key-run_chart g.annotation text')]"
+        ".some(t => t.textContent.trim().startsWith(word + ' '))", arg=showing, timeout=WAIT_MS)
+    chart = page.locator(".st-key-run_chart .js-plotly-plot")
+    texts = [t.strip() for t in chart.locator("g.annotation text").all_text_contents()]
+    return [t for t in texts if MARKER.fullmatch(t)]
+
+
+def test_flagged_run_opens_from_the_fleet_table_with_its_resume_markers(tmp_path: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    started = time.monotonic()
+    sources = _sources(tmp_path)
+    with running_dashboard(sources, log=tmp_path / "dashboard.log", timeout=60) as url, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1200})
+            page.goto(url, timeout=WAIT_MS)
+            page.locator("[data-testid=stDataFrame] table[role=grid]").first.wait_for(state="attached", timeout=WAIT_MS)
+            _settled(page)
+            rows = _rows(page)
+            flagged = [i for i, r in enumerate(rows) if r.get("status") == "reference_reset"]
+            healthy = [i for i, r in enumerate(rows) if r.get("status") == "ok" and r.get("resumes", "0") != "0"]
+            assert flagged, f"no flagged run in the fleet table: {rows}"
+            assert healthy, f"no healthy resumed run in the fleet table: {rows}"
+
+            # open a healthy run first: its chart has resume markers, none of them a reset
+            ok_name = rows[healthy[0]]["run"]
+            _click_row(page, healthy[0])
+            _open_run(page, ok_name)
+            assert re.search(r"[?&]run=", page.url)
+            ok_markers = _markers(page, showing="ok")
+            assert ok_markers and not any(m.startswith("RESET") for m in ok_markers), ok_markers
+
+            # then the flagged one, from the same table
+            bad_name = rows[flagged[0]]["run"]
+            _click_row(page, flagged[0])
+            _open_run(page, bad_name)
+            markers = _markers(page, showing="RESET")
+            resets = [m for m in markers if m.startswith("RESET")]
+            assert resets, markers
+            assert page.locator(".st-key-run_chart g.shapelayer path").count() >= len(markers)
+
+            # the link is the view: opening the URL again shows the same run
+            link = page.url
+            page.goto(link, timeout=WAIT_MS)
+            _open_run(page, bad_name)
+
+            page.evaluate("() => document.querySelector('.st-key-run_view h2').scrollIntoView({block: 'start'})")
+            page.wait_for_timeout(800)  # let the scroll settle before the picture
+            shot = tmp_path / "run-view.png"
+            page.screenshot(path=str(shot))
+            assert shot.stat().st_size > 20_000
+            if os.environ.get("KLWATCH_SCREENSHOT"):
+                target = Path(os.environ["KLWATCH_SCREENSHOT"])
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(shot, target)
+        finally:
+            browser.close()
+    assert time.monotonic() - started < 180
