@@ -93,7 +93,7 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def launch_mlflow_server(*, workdir: Path) -> MlflowServer:
+def launch_mlflow_server(*, workdir: Path, workers: int = 1) -> MlflowServer:
     """Start ``mlflow server`` (SQLite backend ``workdir/server.db``) and return at once; call
     ``wait_ready`` before use. A ``server.db`` already in ``workdir`` is served as it is."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -104,18 +104,18 @@ def launch_mlflow_server(*, workdir: Path) -> MlflowServer:
         proc = subprocess.Popen(
             [str(MLFLOW_BIN), "server", "--backend-store-uri", f"sqlite:///{workdir / 'server.db'}",
              "--default-artifact-root", str(workdir / "artifacts"),
-             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+             "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)],
             cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=env, start_new_session=True,
         )
     return MlflowServer(port=port, workdir=workdir, proc=proc)
 
 
-def start_mlflow_server(*, workdir: Path, timeout: float = 90.0) -> MlflowServer:
+def start_mlflow_server(*, workdir: Path, workers: int = 1, timeout: float = 90.0) -> MlflowServer:
     """Launch and wait until /health answers (a port taken meanwhile: one more try)."""
     tail = ""
     for _attempt in range(2):
-        server = launch_mlflow_server(workdir=workdir)
+        server = launch_mlflow_server(workdir=workdir, workers=workers)
         if server.wait_ready(timeout=timeout):
             return server
         server.stop()

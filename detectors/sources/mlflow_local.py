@@ -196,6 +196,7 @@ def _read_sqlite(con: sqlite3.Connection, *, abspath: Path, source: str, who: st
                 "parent_run_id": run_tags.get(PARENT_RUN_TAG),
             },
         ))
+    out.sort(key=lambda s: (s.start_time is None, s.start_time or 0.0, s.ref))
     return out
 
 

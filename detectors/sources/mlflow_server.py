@@ -23,8 +23,10 @@ to the server, and no message ever contains a credential.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -47,6 +49,8 @@ BULK_MAX_POINTS = 25_000  # the server's cap on one bulk answer (MAX_HISTORY_RES
 BULK_MAX_RUNS = 100  # the server's cap on run ids per bulk request
 BULK_PACK_POINTS = 20_000  # pack runs into a bulk request while their expected points stay below
 SEARCH_PAGE = 1000
+PARALLEL_REQUESTS = 4
+"""History requests in flight at once: a server with several workers answers them in parallel."""
 
 _RETRY_STATUS = {429, 500, 502, 503, 504}
 
@@ -118,26 +122,42 @@ class RestClient:
         self.connect_timeout = min(DEFAULT_CONNECT_TIMEOUT_S, self.timeout)
         self.retries = max(0, int(_env_float("MLFLOW_HTTP_REQUEST_MAX_RETRIES", DEFAULT_MAX_RETRIES)))
         self.backoff = max(0.0, _env_float("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", DEFAULT_BACKOFF_FACTOR))
-        self.session = requests.Session()
-        self.session.headers["User-Agent"] = "klwatch"
         user = server.username or os.environ.get("MLFLOW_TRACKING_USERNAME")
         password = server.password or os.environ.get("MLFLOW_TRACKING_PASSWORD")
         token = os.environ.get("MLFLOW_TRACKING_TOKEN")
-        if user and password:
-            self.session.auth = (user, password)
-        elif token:
-            self.session.headers["Authorization"] = f"Bearer {token}"
-        self.has_credentials = bool((user and password) or token)
+        self._auth = (user, password) if user and password else None
+        self._headers = {"User-Agent": "klwatch"}
+        if token and not self._auth:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self.has_credentials = bool(self._auth or token)
+        self._verify: bool | str = True
         if os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true":
-            self.session.verify = False
+            self._verify = False
         elif os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH"):
-            self.session.verify = os.environ["MLFLOW_TRACKING_SERVER_CERT_PATH"]
-        if os.environ.get("MLFLOW_TRACKING_CLIENT_CERT_PATH"):
-            self.session.cert = os.environ["MLFLOW_TRACKING_CLIENT_CERT_PATH"]
-        self.requests = 0
+            self._verify = os.environ["MLFLOW_TRACKING_SERVER_CERT_PATH"]
+        self._cert = os.environ.get("MLFLOW_TRACKING_CLIENT_CERT_PATH") or None
+        self._local = threading.local()  # one keep-alive session per thread (Session is not thread-safe)
+        self._sessions: list[requests.Session] = []
+        self._lock = threading.Lock()
+
+    def _session(self) -> requests.Session:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
+            session.headers.update(self._headers)
+            session.auth = self._auth
+            session.verify = self._verify
+            session.cert = self._cert
+            self._local.session = session
+            with self._lock:
+                self._sessions.append(session)
+        return session
 
     def close(self) -> None:
-        self.session.close()
+        with self._lock:
+            for session in self._sessions:
+                session.close()
+            self._sessions.clear()
 
     def get(self, route: str, params: Any) -> dict[str, Any]:
         return self._call("GET", route, params=params)
@@ -152,9 +172,8 @@ class RestClient:
         for attempt in range(attempts):
             if attempt:
                 time.sleep(min(MAX_BACKOFF_S, self.backoff * (2 ** (attempt - 1))))
-            self.requests += 1
             try:
-                resp = self.session.request(method, self.base + route,
+                resp = self._session().request(method, self.base + route,
                                             timeout=(self.connect_timeout, self.timeout), **kwargs)
             except requests.exceptions.SSLError as exc:
                 raise ServerError(f"{where}: TLS handshake failed ({str(exc)[:200]}); for a private "
@@ -435,12 +454,19 @@ def _read(api: RestClient, server: ServerSpec, out: SourceRead) -> None:
     fetcher = _Fetcher(api)
     histories: dict[str, dict[str, Series]] = defaultdict(dict)
     run_errors: dict[str, list[str]] = defaultdict(list)
-    for key in sorted(keys):
-        got, errors = fetcher.fetch_key(key, keys[key])
-        for rid, pts in got.items():
-            histories[rid][key] = _series(pts)
-        for rid, msg in errors.items():
-            run_errors[rid].append(msg)
+    pool = ThreadPoolExecutor(max_workers=PARALLEL_REQUESTS, thread_name_prefix="klwatch-mlflow")
+    try:
+        futures = [(key, pool.submit(fetcher.fetch_key, key, keys[key])) for key in sorted(keys)]
+        for key, fut in futures:
+            got, errors = fut.result()  # a transport error ends the read: see the finally
+            for rid, pts in got.items():
+                histories[rid][key] = _series(pts)
+            for rid, msg in errors.items():
+                run_errors[rid].append(msg)
+    finally:
+        # Do not wait for requests still in flight to a server that stopped answering: they end
+        # at their own timeout; the ones not started yet are dropped.
+        pool.shutdown(wait=False, cancel_futures=True)
 
     segs: list[Segment] = []
     for run in runs:
