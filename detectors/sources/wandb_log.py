@@ -90,12 +90,9 @@ def _schemas() -> dict[str, Any]:
     message("Exit", "int32 exit_code = 1", "int32 runtime = 2")
     message("Empty")
     # Record's record_type oneof members we read. As a batch over many concatenated Records every
-    # member is repeated (order kept; history rows kept as bytes); ``summary`` is singular so that
-    # the parse merges all summary updates into one list (re-read as ``SummaryBatch`` only when a
-    # summary key was removed).
-    message("Batch", "repeated bytes history = 2", "Summary summary = 3", "repeated Config config = 5",
+    # member is repeated (order kept); history and summary records are kept as bytes.
+    message("Batch", "repeated bytes history = 2", "repeated bytes summary = 3", "repeated Config config = 5",
             "repeated Run run = 17", "repeated Exit exit = 18", "repeated Empty preempting = 23")
-    message("SummaryBatch", "repeated Summary summary = 3")
     pool = descriptor_pool.DescriptorPool()
     pool.Add(f)
     return {m.name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"klwatch_wandb_log.{m.name}"))
@@ -502,26 +499,46 @@ def read_history(rows: list[bytes]) -> tuple[dict[str, Series], list[str]]:
 
 
 def _fold(raws: list[bytes]) -> dict[str, Any]:
-    """Summary items -> key: value after all of them (a later item wins)."""
+    """Summary items -> key: value after all of them (a later item wins). ``dict`` does the fold:
+    items of one key share the bytes before their value, so the last position per prefix is the
+    answer; each distinct prefix is decoded once."""
     if not raws:
         return {}
-    items = Items(raws, typed=False, try_flat=False)  # wandb-core's summaries mix key and nested_key
-    rev = items.codes[::-1]
-    codes, first_in_rev = np.unique(rev, return_index=True)
-    last = len(raws) - 1 - first_in_rev
-    values = items.values(last)
-    return {items.names[c]: v for c, v in zip(codes.tolist(), values.tolist()) if items.names[c] is not None}
+    parts = list(map(bytes.partition, raws, repeat(VALUE_TAG)))
+    pres = [p for p, _, _ in parts]
+    last = dict(zip(pres, range(len(pres))))
+    found: dict[str, tuple[int, Any]] = {}
+    odd: set[bytes] = set()
+    for pre, i in last.items():
+        key = _prefix_key(pre)
+        if key is None or not parts[i][1]:  # no plain key before a value_json tag: parse fully
+            odd.add(pre)
+            continue
+        v = parts[i][2]
+        if key not in found or found[key][0] < i:
+            found[key] = (i, v[1:] if v and len(v) - 1 == v[0] else _value_bytes(v))
+    for i in ([j for j, p in enumerate(pres) if p in odd] if odd else []):
+        key, value = _slow_item(raws[i], typed=False)
+        if key is not None and (key not in found or found[key][0] < i):
+            found[key] = (i, value)
+    return {k: v for k, (_, v) in found.items()}
 
 
-def read_summary(batch: Any, records: list[bytes]) -> dict[str, Any]:
-    """The run summary after every update and removal, nested keys joined with '.'."""
+def read_summary(records: list[bytes]) -> dict[str, Any]:
+    """The run summary after every update and removal (``SummaryRecord`` bytes, in order), nested
+    keys joined with '.'.
+
+    Only the last copy of a record that repeats byte for byte can matter (every key it sets or
+    removes is set or removed again by the later copy), so repeats (wandb-core's runtime updates)
+    are dropped first. Concatenated, the records parse as one ``Summary`` whose updates are in order.
+    """
+    distinct = list(dict.fromkeys(reversed(records)))[::-1]
+    merged = _msg("Summary").FromString(b"".join(distinct))
     final: dict[str, Any] = {}
-    if not len(batch.summary.remove):  # the usual case: the merged updates, last one wins
-        final = _fold(list(batch.summary.update))
+    if not len(merged.remove):  # the usual case: the last update of a key wins
+        final = _fold(list(merged.update))
     else:  # a key was removed somewhere: replay record by record
-        sb = _msg("SummaryBatch")()
-        sb.ParseFromString(b"".join(records))
-        for rec in sb.summary:
+        for rec in map(_msg("Summary").FromString, distinct):
             final.update(_fold(list(rec.update)))
             for k in _fold(list(rec.remove)):
                 final.pop(k, None)
@@ -614,7 +631,7 @@ def read_wandb_run_dir(path: Path, *, ref: str, source: str) -> list[Segment]:
     for c in batch.config:
         apply_config(config, c, internal)
     meta: dict[str, Any] = {"log": log.name, "log_bytes": len(data), "history_rows": len(batch.history),
-                            "summary": read_summary(batch, records)}
+                            "summary": read_summary(list(batch.summary))}
     if len(batch.exit):
         meta["exit_code"] = batch.exit[-1].exit_code
     if len(batch.preempting):
