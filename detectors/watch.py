@@ -157,7 +157,7 @@ def _copy_segment(seg: Segment) -> Segment:
     """A copy the pipeline may annotate without touching the cached one (series arrays are shared)."""
     out = copy.copy(seg)
     out.series = dict(seg.series)
-    out.config = copy.deepcopy(seg.config)
+    out.config = dict(seg.config)
     out.tags = dict(seg.tags)
     out.meta = dict(seg.meta)
     out.warnings = list(seg.warnings)
@@ -392,8 +392,10 @@ class AlertState:
             db.execute("UPDATE deliveries SET attempts=attempts+?, last_error=?, next_attempt_at=? "
                        "WHERE alert_id=? AND sink=?", (attempts, error, next_at, d.alert_id, d.sink_id))
 
-    def alerted_keys(self) -> list[tuple[str, int, str]]:
-        return [tuple(r) for r in self.db.execute("SELECT lineage_id, step, verdict FROM alerts ORDER BY id")]  # type: ignore[misc]
+    def pending_elsewhere(self, sink_ids: set[str]) -> int:
+        """Pending deliveries for sinks not in ``sink_ids`` (a webhook left off this time)."""
+        rows = self.db.execute("SELECT sink FROM deliveries WHERE status='pending'").fetchall()
+        return sum(1 for (sink,) in rows if sink not in sink_ids)
 
     def pending(self) -> list[tuple[str, str, int, str | None]]:
         """(alert key, sink label, attempts, last error) of every undelivered alert."""
@@ -528,6 +530,10 @@ def watch_command(
     except sqlite3.Error as exc:
         err.print(f"[red]error[/] cannot use --state {state_path}: {exc}", highlight=False)
         raise typer.Exit(EXIT_USAGE)
+    orphaned = state.pending_elsewhere({s.id for s in sinks})
+    if orphaned:
+        err.print(f"[yellow]warning[/] {orphaned} alert delivery(ies) pending for webhook(s) not given this time; "
+                  "they are kept in the state file until a watcher with that --webhook delivers them", highlight=False)
     cache = LocalReadCache()
     shown_errors: set[str] = set()
     if not once:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -195,23 +194,24 @@ def test_a_source_that_is_not_exactly_one_run_is_bad_usage(tb_runs):
     assert fmt.exit_code == 2
 
 
-def test_control_in_tensorboard_resumed_in_mlflow(tb_runs, tmp_path_factory):
-    """Across trackers: the same training config logged by another tracker (the generator's MLflow
-    flavour, a verl-style run with an adaptive KL controller and float64 storage) is close to the
-    TensorBoard control but not equal, and the buggy resume still parts from it."""
-    committed = REPO / "sample_runs" / "mlflow" / "mlflow.db"
-    if committed.exists():
-        db, manifest = committed, json.loads((REPO / "sample_runs" / "manifest.json").read_text())
+def test_control_in_tensorboard_resumed_in_mlflow(tmp_path_factory):
+    """Across trackers: the generator's MLflow flavour of the same config (verl-style names, float64
+    storage, an adaptive KL controller) is close to the TensorBoard control but not equal; the fixed
+    resume must still agree with it and the buggy one part from it. Control and resumed come from one
+    generation: the committed sample_runs/ when present, else a fresh one (slow: MLflow logging)."""
+    samples = REPO / "sample_runs"
+    if (samples / "manifest.json").exists() and (samples / "mlflow" / "mlflow.db").exists():
+        out = samples
     else:
-        out = tmp_path_factory.mktemp("gen-mlflow")
-        manifest = generate(out, "resume-fixed,resume-buggy", "mlflow", "--layouts", "new-run")
-        db = out / "mlflow" / "mlflow.db"
-    tb = tb_runs[0] / "tensorboard"
-    fixed = klwatch("compare", tb / "continuous", f"{db}#resume-fixed.new-run", "-f", "json")
+        out = tmp_path_factory.mktemp("gen-cross")
+        generate(out, "continuous,resume-fixed,resume-buggy", "tensorboard,mlflow", "--layouts", "new-file,new-run")
+    manifest = json.loads((out / "manifest.json").read_text())
+    control, db = out / "tensorboard" / "continuous", out / "mlflow" / "mlflow.db"
+    fixed = klwatch("compare", control, f"{db}#resume-fixed.new-run", "-f", "json")
     assert fixed.exit_code == 0, fixed.stderr + fixed.stdout
     doc = json.loads(fixed.stdout)
     assert doc["resumed"]["trackers"] == ["mlflow"] and doc["control"]["trackers"][0] == "tensorboard"
     assert doc["max_ratio"] != pytest.approx(1.0, abs=1e-6)  # not equal: robust to noise, not only to equality
-    buggy = klwatch("compare", tb / "continuous", f"{db}#resume-buggy.new-run", "-f", "json")
+    buggy = klwatch("compare", control, f"{db}#resume-buggy.new-run", "-f", "json")
     assert buggy.exit_code == 1, buggy.stderr
     assert json.loads(buggy.stdout)["part_step"] == _boundary(manifest, "resume-buggy", "mlflow")

@@ -149,6 +149,35 @@ def test_a_reset_is_alerted_once_over_many_passes_and_restarts(tmp_path, receive
     assert [row[1:] for row in alerts_in(state_path)] == [(31, "stdout", "delivered"), (31, sinks[1].id, "delivered")]
 
 
+def test_a_resume_with_too_few_points_yet_is_judged_again_until_it_can_be_alerted(tmp_path, receiver):
+    """Inconclusive for lack of points after the resume is not final: the next polls judge it again."""
+    from tensorboardX import SummaryWriter
+
+    runs = tmp_path / "runs" / "live"
+    write_run(runs, resumes=[], buggy=False, last=30)  # the first process: steps 1-30
+    w = SummaryWriter(str(runs), filename_suffix=".p1")  # the resumed process, reference rebuilt
+    wall = 1_700_000_000.0 + 30 * 5.0 + 900.0
+    state = AlertState(tmp_path / "s.db")
+    cache, sinks = LocalReadCache(), [Sink.webhook(receiver.url + "/hook")]
+    verdicts = []
+    try:
+        for s in range(31, 37):
+            w.add_scalar("train/kl_penalty", 0.05 * (1 - np.exp(-(s - 30) / 8.0)), s, walltime=wall + s)
+            w.flush()
+            report = watch_pass([str(tmp_path / "runs")], config=ScanConfig(findings=False), cache=cache, state=state,
+                                sinks=sinks, dashboard_url=None, out=sys.stdout)
+            verdicts.append(([v.verdict for r in report.result.results for v in r.verdicts], len(receiver.requests)))
+            if s > 31:  # only the growing file is read again, not the first process's
+                assert (cache.stats[str(tmp_path / "runs")].read, cache.stats[str(tmp_path / "runs")].reused) == (1, 1)
+    finally:
+        w.close()
+        state.close()
+    first_reset = next(i for i, (v, _) in enumerate(verdicts) if v == ["reference_reset"])
+    assert (["inconclusive"], 0) in verdicts[:first_reset], verdicts  # judged, not alerted, judged again
+    assert all(n == 1 for _, n in verdicts[first_reset:]), verdicts
+    assert [r.body["klwatch"]["step"] for r in receiver.requests] == [31]
+
+
 def test_a_second_watcher_on_the_same_state_is_refused(tmp_path):
     state = AlertState(tmp_path / "s.db")
     try:
