@@ -301,7 +301,7 @@ def _prefix_key(pre: bytes) -> str | None:
 
 
 def _slow_item(raw: bytes, *, typed: bool) -> tuple[str | None, Any]:
-    """One item parsed fully: (key, JSON value bytes, or a float, or None when it has no number)."""
+    """One item parsed fully: (key, JSON value bytes, or None when it has no value)."""
     try:
         item = _msg("Item").FromString(raw)
     except DecodeError:
@@ -309,14 +309,26 @@ def _slow_item(raw: bytes, *, typed: bool) -> tuple[str | None, Any]:
     key = ".".join(item.nested_key) or item.key or None
     if item.HasField("value_json"):
         return key, item.value_json.encode()
-    if typed:  # history items may carry typed values instead of value_json
+    if typed:  # history items may carry typed values instead of value_json: as JSON text too
         if item.HasField("number"):
-            return key, item.number
+            return key, json.dumps(item.number).encode()
         if item.HasField("integer"):
-            return key, float(item.integer)
+            return key, str(item.integer).encode()
         if item.HasField("json"):
             return key, item.json.encode()
     return key, None
+
+
+def _encode_varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_str_len = getattr(np, "strings", np.char).str_len
 
 
 def _value_bytes(v: bytes) -> bytes | None:
@@ -332,25 +344,25 @@ class Items:
     """The keys and values of a list of raw history/summary items, decoded in bulk.
 
     ``codes[i]`` indexes ``names`` (the item's key, nested keys joined with '.', or None when it
-    has none); ``values(idx)`` gives the JSON value bytes (or a float for a typed value, or None)
-    of the items at ``idx``.
+    has none); ``values(idx)`` gives the JSON values of the items at ``idx`` as a numpy bytes
+    array, with a mask of the items that have one.
 
     Fast path (every item exactly one ``nested_key`` and one ``value_json``, as wandb-core writes
     for flat keys): all items are parsed in one go as one message whose repeated fields collect
-    every key and every value in order. Otherwise each item is split at its ``value_json`` tag
-    and each distinct key encoding is decoded once.
+    every key and every value in order; the counts must match the items, and the row markers
+    (``marks``) must sit where their key does. Otherwise each item is split at its
+    ``value_json`` tag and each distinct key encoding is decoded once.
     """
 
-    def __init__(self, raws: list[bytes], *, typed: bool, try_flat: bool = True) -> None:
+    def __init__(self, raws: list[bytes], *, typed: bool, marks: np.ndarray | None = None) -> None:
         self.raws = raws
         self.typed = typed
-        self._flat: np.ndarray | None = None
-        self._parts: list[tuple[bytes, bytes, bytes]] | None = None
-        self._slow: dict[int, Any] = {}
-        if not (try_flat and self._try_flat()):
+        self._values = np.empty(len(raws), dtype=object)
+        self._prefixed = False  # values still carry their varint length (split path)
+        if not self._try_flat(marks):
             self._split()
 
-    def _try_flat(self) -> bool:
+    def _try_flat(self, marks: np.ndarray | None) -> bool:
         flat = _msg("Flat")()
         try:
             flat.ParseFromString(b"".join(self.raws))
@@ -363,14 +375,17 @@ class Items:
         keys = list(flat.nested_key)
         code_of = {k: i for i, k in enumerate(dict.fromkeys(keys))}
         self.codes = np.fromiter(map(code_of.__getitem__, keys), dtype=np.int64, count=n)
+        if marks is not None and not np.array_equal(marks, self.codes == code_of.get(b"\xfe", -1)):
+            return False
         self.names = [k.decode("utf-8", "replace") or None for k in code_of]
-        self._flat = np.empty(n, dtype=object)
-        self._flat[:] = list(flat.value_json)
+        self._values[:] = list(flat.value_json)
         return True
 
     def _split(self) -> None:
-        self._parts = list(map(bytes.partition, self.raws, repeat(VALUE_TAG)))
-        pres = [p for p, _, _ in self._parts]
+        parts = list(map(bytes.partition, self.raws, repeat(VALUE_TAG)))
+        pres = [p for p, _, _ in parts]
+        self._values[:] = [v for _, _, v in parts]
+        self._prefixed = True
         distinct = list(dict.fromkeys(pres))
         code_of = {p: i for i, p in enumerate(distinct)}
         codes = np.fromiter(map(code_of.__getitem__, pres), dtype=np.int64, count=len(pres))
@@ -382,27 +397,28 @@ class Items:
         unknown = [c for c, name in enumerate(names) if name is None]
         for i in (np.flatnonzero(np.isin(codes, unknown)).tolist() if unknown else []):
             key, value = _slow_item(self.raws[i], typed=self.typed)
-            self._slow[i] = value
+            self._values[i] = b"" if value is None else _encode_varint(len(value)) + value
             if key not in name_code:
                 name_code[key] = len(self.names)
                 self.names.append(key)
             self.codes[i] = name_code[key]
 
-    def values(self, idx: np.ndarray) -> np.ndarray:
-        if self._flat is not None:
-            return self._flat[idx]
-        assert self._parts is not None
-        parts, slow = self._parts, self._slow
-        out = []
-        for i in idx.tolist():
-            if i in slow:
-                out.append(slow[i])
-                continue
-            v = parts[i][2]
-            out.append(v[1:] if v and len(v) - 1 == v[0] else _value_bytes(v))
-        arr = np.empty(len(out), dtype=object)
-        arr[:] = out
-        return arr
+    def values(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raw = self._values[idx].astype(np.bytes_)
+        n, width = len(raw), raw.dtype.itemsize
+        if not self._prefixed:
+            return raw, np.ones(n, dtype=bool)
+        if width < 2:
+            return np.zeros(n, dtype="S1"), np.zeros(n, dtype=bool)
+        # strip the one-byte varint length in numpy; longer values one by one
+        mat = raw.view(np.uint8).reshape(n, width)
+        present = mat[:, 0].astype(np.int64) == _str_len(raw) - 1
+        body = np.ascontiguousarray(mat[:, 1:]).view(f"S{width - 1}").ravel()
+        for i in np.flatnonzero(~present).tolist():
+            value = _value_bytes(self._values[idx[i]])
+            if value is not None:
+                body[i], present[i] = value, True
+        return body, present
 
     def groups(self) -> dict[str, np.ndarray]:
         """Key -> positions of its items, in logged order."""
@@ -415,7 +431,7 @@ class Items:
 
 
 def to_floats(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """JSON values (bytes) or floats -> (floats, mask of the numeric ones), one by one."""
+    """JSON values (bytes, or None) -> (floats, mask of the numeric ones), one by one."""
     n = len(values)
     out = np.zeros(n, dtype=np.float64)
     ok = np.ones(n, dtype=bool)
@@ -427,23 +443,20 @@ def to_floats(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     return out, ok
 
 
-def json_floats(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """JSON values (object array of bytes; a float or None where a full parse gave one) -> (floats,
+def json_floats(arr: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """JSON values (numpy bytes array; ``present`` marks the items that have one) -> (floats,
     numeric mask), parsed by numpy; only a column with something exotic goes one by one."""
-    n = len(values)
+    n = len(arr)
     out = np.zeros(n, dtype=np.float64)
-    if not n:
-        return out, np.zeros(0, dtype=bool)
-    arr = values.astype(np.bytes_)  # a float becomes its repr (exact), None b"None" (rejected below)
-    if arr.dtype.itemsize == 0:
+    if not n or arr.dtype.itemsize == 0:
         return out, np.zeros(n, dtype=bool)
     first = arr.view(np.uint8).reshape(n, arr.dtype.itemsize)[:, 0]
-    numeric = np.isin(first, np.frombuffer(bytes(NUMERIC_START), dtype=np.uint8))
+    numeric = np.isin(first, np.frombuffer(bytes(NUMERIC_START), dtype=np.uint8)) & present
     idx = slice(None) if numeric.all() else np.flatnonzero(numeric)
     try:
         out[idx] = arr[idx].astype(np.float64)
     except ValueError:
-        out[idx], numeric[idx] = to_floats(values[idx].tolist())
+        out[idx], numeric[idx] = to_floats(arr[idx].tolist())
     return out, numeric
 
 
@@ -461,14 +474,14 @@ def read_history(rows: list[bytes]) -> tuple[dict[str, Series], list[str]]:
     raws = list(listing.item)
     mark = np.fromiter(map(ROW_MARK_ITEM.__eq__, raws), dtype=bool, count=len(raws))
     row_of = np.cumsum(mark) - 1
-    items = Items(raws, typed=True)
+    items = Items(raws, typed=True, marks=mark)
 
     columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # key -> (rows, floats) of numeric items
     for key, idx in items.groups().items():
         idx = idx[~mark[idx]]
         if not len(idx):
             continue
-        floats, ok = json_floats(items.values(idx))
+        floats, ok = json_floats(*items.values(idx))
         columns[key] = (row_of[idx[ok]], floats[ok])
 
     def per_row(key: str) -> np.ndarray:

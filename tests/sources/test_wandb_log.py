@@ -338,6 +338,7 @@ def test_older_item_layouts_typed_values_and_removals(tmp_path: Path) -> None:
         h.item.add(nested_key=["b", "c"], value_json=str(step))
         h.item.add(nested_key=["t"], number=0.25 * step)
         h.item.add(nested_key=["i"], integer=-step)
+        h.item.add(nested_key=["u"], number=math.inf if step == 3 else math.nan if step == 2 else -0.5)
         h.item.add(nested_key=["s"], text="x")
         records.append(record(history=h))
         s = pb.SummaryRecord()
@@ -363,6 +364,8 @@ def test_older_item_layouts_typed_values_and_removals(tmp_path: Path) -> None:
     assert seg.series["b.c"].values.tolist() == [0, 1, 2, 3]
     assert seg.series["t"].values.tolist() == [0.0, 0.25, 0.5, 0.75]
     assert seg.series["i"].values.tolist() == [0, -1, -2, -3]
+    u = seg.series["u"].values
+    assert u[:2].tolist() == [-0.5, -0.5] and np.isnan(u[2]) and u[3] == math.inf
     assert "s" not in seg.series and "_timestamp" not in seg.series
     assert seg.series["a"].wall_times is None and seg.series["a"].steps.tolist() == [0, 1, 2, 3]
     assert seg.meta["summary"] == {"a": 4.5}
