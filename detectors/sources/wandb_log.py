@@ -9,13 +9,14 @@ of the first 32 KiB block; then chunks that never cross a block boundary, each w
 payload length, 2 bytes LE; type FULL/FIRST/MIDDLE/LAST); a block tail shorter than a chunk header
 is zero padding. Each record is a serialized ``wandb_internal_pb2.Record``.
 
-Speed: a run logs a history row, and wandb-core writes a summary update beside it, at every step,
+Speed: a run logs a history row, and wandb-core writes summary updates beside it, at every step,
 so a long run holds hundreds of thousands of records. Building a protobuf object per record and per
-item costs seconds; instead all records are parsed in ONE protobuf parse of their concatenation
-(repeated fields append, so history rows stay in order and summary updates fold in order), items
-are kept as raw bytes, each distinct item key is decoded once, and values become floats per
-column in numpy. ``float``/numpy accept exactly the JSON numbers (plus the ``Infinity``/``NaN`` the
-writers emit) and reject every other JSON value, so no ``json.loads`` per value is needed.
+item, and calling ``json.loads`` per value, costs seconds; instead the records are parsed in one
+protobuf parse of their concatenation (repeated fields append, so rows keep their order), history
+items in one more (a flat message collecting every key and every value), each distinct key is
+decoded once, and values become floats a column at a time in numpy, which accepts exactly the
+JSON numbers (plus the ``Infinity``/``NaN`` the writers emit) and rejects every other JSON value.
+The summary is folded with a ``dict`` over the items' key bytes.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import json
 import struct
 import zlib
-from itertools import chain, repeat
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -472,6 +473,7 @@ def read_history(rows: list[bytes]) -> tuple[dict[str, Series], list[str]]:
     listing = _msg("ItemList")()
     listing.ParseFromString(ROW_MARK + ROW_MARK.join(rows))
     raws = list(listing.item)
+    del listing
     mark = np.fromiter(map(ROW_MARK_ITEM.__eq__, raws), dtype=bool, count=len(raws))
     row_of = np.cumsum(mark) - 1
     items = Items(raws, typed=True, marks=mark)
@@ -628,8 +630,11 @@ def read_wandb_run_dir(path: Path, *, ref: str, source: str) -> list[Segment]:
     data = log.read_bytes()
     records, frame_warnings = read_records(data, name=log.name)
     warnings += frame_warnings
+    size = len(data)
+    del data  # keep the peak memory near a few times the file, not more
     batch, batch_warnings = parse_batch(records, name=log.name)
     warnings += batch_warnings
+    del records
 
     series, hist_warnings = read_history(list(batch.history))
     warnings += [f"{log.name}: {w}" for w in hist_warnings]
@@ -643,7 +648,7 @@ def read_wandb_run_dir(path: Path, *, ref: str, source: str) -> list[Segment]:
         apply_config(config, r.config, internal)
     for c in batch.config:
         apply_config(config, c, internal)
-    meta: dict[str, Any] = {"log": log.name, "log_bytes": len(data), "history_rows": len(batch.history),
+    meta: dict[str, Any] = {"log": log.name, "log_bytes": size, "history_rows": len(batch.history),
                             "summary": read_summary(list(batch.summary))}
     if len(batch.exit):
         meta["exit_code"] = batch.exit[-1].exit_code
