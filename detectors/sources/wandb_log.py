@@ -243,21 +243,33 @@ def read_records(data: bytes, *, name: str) -> tuple[list[bytes], list[str]]:
 
 def parse_batch(records: list[bytes], *, name: str) -> tuple[Any, list[str]]:
     """All records in one parse; records that do not decode (despite a good CRC) are dropped."""
-    batch = _msg("Batch")()
-    try:
-        batch.ParseFromString(b"".join(records))
-        return batch, []
-    except DecodeError:
-        pass
-    good, bad = [], 0
-    for r in records:
+    batch, _, bad = _parse_joined(records, "Batch")
+    return batch, ([f"{name}: {bad} records with a good CRC could not be decoded; skipped"] if bad else [])
+
+
+def _decodable(messages: list[bytes], schema: str) -> tuple[list[bytes], int]:
+    """The messages that parse, and how many did not (after a batch of them failed to parse)."""
+    good = []
+    for m in messages:
         try:
-            _msg("Batch").FromString(r)
-            good.append(r)
+            _msg(schema).FromString(m)
+            good.append(m)
         except DecodeError:
-            bad += 1
-    batch.ParseFromString(b"".join(good))
-    return batch, [f"{name}: {bad} records with a good CRC could not be decoded; skipped"]
+            pass
+    return good, len(messages) - len(good)
+
+
+def _parse_joined(messages: list[bytes], schema: str, *, sep: bytes = b"") -> tuple[Any, list[bytes], int]:
+    """``messages`` joined (with ``sep`` before each) and parsed as one ``schema`` message; those that
+    do not parse alone (a good CRC over bad bytes) are dropped: (message, kept, dropped)."""
+    out = _msg(schema)()
+    try:
+        out.ParseFromString(sep + sep.join(messages) if sep else b"".join(messages))
+        return out, messages, 0
+    except DecodeError:
+        kept, dropped = _decodable(messages, schema)
+        out.ParseFromString(sep + sep.join(kept) if sep else b"".join(kept))
+        return out, kept, dropped
 
 
 # -- items --------------------------------------------------------------------------------------
@@ -470,8 +482,10 @@ def read_history(rows: list[bytes]) -> tuple[dict[str, Series], list[str]]:
     nrows = len(rows)
     if not nrows:
         return {}, warnings
-    listing = _msg("ItemList")()
-    listing.ParseFromString(ROW_MARK + ROW_MARK.join(rows))
+    listing, rows, dropped = _parse_joined(rows, "ItemList", sep=ROW_MARK)
+    if dropped:
+        warnings.append(f"{dropped} history records with a good CRC could not be decoded; skipped")
+        nrows = len(rows)
     raws = list(listing.item)
     del listing
     mark = np.fromiter(map(ROW_MARK_ITEM.__eq__, raws), dtype=bool, count=len(raws))
@@ -547,8 +561,7 @@ def read_summary(records: list[bytes]) -> dict[str, Any]:
     removes is set or removed again by the later copy), so repeats (wandb-core's runtime updates)
     are dropped first. Concatenated, the records parse as one ``Summary`` whose updates are in order.
     """
-    distinct = list(dict.fromkeys(reversed(records)))[::-1]
-    merged = _msg("Summary").FromString(b"".join(distinct))
+    merged, distinct, _ = _parse_joined(list(dict.fromkeys(reversed(records)))[::-1], "Summary")
     final: dict[str, Any] = {}
     if not len(merged.remove):  # the usual case: the last update of a key wins
         final = _fold(list(merged.update))

@@ -385,3 +385,22 @@ def test_read_source_discovers_run_folders_at_any_depth(runs: dict[str, Path], t
     seg = by_ref[str((placed["restart"] / runs["restart"].name).relative_to(root))]
     assert seg.run_id == "grpoc1" and seg.store == str(placed["restart"])
     assert len(seg.series["train/kl_penalty"]) == 40
+
+
+def test_undecodable_record_with_a_good_crc_is_skipped_with_a_warning(tmp_path: Path) -> None:
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    def row(step: int) -> bytes:
+        h = pb.HistoryRecord()
+        h.item.add(nested_key=["_step"], value_json=str(step))
+        h.item.add(nested_key=["kl"], value_json=str(0.5 * step))
+        return pb.Record(history=h).SerializeToString()
+
+    bad_row = b"\x12\x03\x0a\x7f\x00"  # a history record whose item claims 127 bytes it does not have
+    bad_summary = b"\x1a\x03\x0a\x7f\x00"
+    folder = tmp_path / "run-20260101_000000-bad1"
+    folder.mkdir()
+    (folder / "run-bad1.wandb").write_bytes(_frame([row(0), bad_row, row(1), bad_summary, row(2)]))
+    seg = read(folder)
+    assert seg.series["kl"].values.tolist() == [0.0, 0.5, 1.0]
+    assert any("could not be decoded" in w for w in seg.warnings), seg.warnings
