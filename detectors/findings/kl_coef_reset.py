@@ -1,0 +1,104 @@
+"""Adaptive KL coefficient reset at a resume: the KL controller was re-created, not restored.
+
+The bug (verl #2653): the adaptive KL controller's current value is not in the checkpoint, so the
+resumed process starts it again at ``init_kl_coef``. The coefficient the run had adapted to, over
+thousands of steps, is thrown away: the KL penalty jumps (usually up, since controllers mostly lower
+it) and the policy is pulled back towards the reference until the controller re-adapts.
+
+Why the statistic works: an adaptive controller moves the coefficient by a bounded multiplicative
+factor per step (verl and TRL clip the proportional error), so the run's own largest step-to-step
+change of log(coef) inside a piece bounds what a continuation can do. A jump at the resume many times
+larger than that, landing on the run's opening value, is the controller starting over; a fixed
+coefficient never moves and is never reported. A jump that does not land on the opening value is
+reported as a warning (a changed config, or a partial restore).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model import Boundary, Finding, LineageResult
+from .base import (KL_COEF, FindingDetector, MetricFamily, before_after, find_metric, fmt, history,
+                   log_interval, opening, piece_series)
+
+
+@dataclass(frozen=True)
+class KlCoefResetConfig:
+    """Thresholds of the KL-coefficient-reset detector."""
+
+    family: MetricFamily = KL_COEF
+    min_points_before: int = 3
+    min_jump: float = 0.1
+    """|log(coef after / coef before)| must reach this (about 10%) ..."""
+    jump_factor: float = 4.0
+    """... and this many times the largest step-to-step change the run makes inside a piece."""
+    opening_tolerance: float = 0.02
+    """The first value after the resume counts as the opening value within this log distance (2%),
+    widened to the run's largest in-piece step change."""
+    min_drift: float = 0.1
+    """The coefficient must have drifted this far (log) from its opening value before the resume, or a
+    reset cannot be told from a continuation."""
+
+
+class KlCoefReset(FindingDetector[KlCoefResetConfig]):
+    name = "kl_coef_reset"
+    config_class = KlCoefResetConfig
+
+    def detect(self, result: LineageResult) -> list[Finding]:
+        cfg = self.config
+        lineage = result.lineage
+        metric = find_metric(lineage.metric_names(), family=cfg.family)
+        if metric is None or not lineage.boundaries:
+            return []
+        parts = piece_series(lineage, metric)
+        present = [p for p in parts if p is not None]
+        allv = np.concatenate([p.values for p in present]) if present else np.empty(0)
+        if len(allv) == 0 or np.all(allv <= 0):
+            return []
+        eps = 1e-6 * float(np.max(np.abs(allv)))
+        lg = lambda x: np.log(np.clip(np.asarray(x, dtype=float), 0.0, None) + eps)  # noqa: E731
+        steps_in_piece = [np.abs(np.diff(lg(p.values))) for p in present if len(p) > 1]
+        max_step = float(np.max(np.concatenate(steps_in_piece))) if steps_in_piece else 0.0
+        if np.ptp(allv) == 0:
+            return []  # a fixed coefficient that never changed: nothing was reset
+        open_ = opening(lineage, metric, interval=log_interval(parts))
+        out: list[Finding] = []
+        for b in lineage.boundaries:
+            f = self._judge(b, metric, lineage=lineage, open_=open_, lg=lg, max_step=max_step)
+            if f is not None:
+                out.append(f)
+        return out
+
+    def _judge(self, b: Boundary, metric: str, *, lineage, open_, lg, max_step: float) -> Finding | None:
+        cfg = self.config
+        hist = history(lineage, b, metric)
+        _, after = before_after(lineage, b, metric)
+        if hist is None or after is None or len(hist) < cfg.min_points_before:
+            return None
+        upto = b.resumed_from_step if b.resumed_from_step is not None else int(hist.steps[-1])
+        known = hist.steps <= upto
+        before = float(hist.values[known][-1]) if np.any(known) else float(hist.values[-1])
+        first = float(after.values[0])
+        jump = float(abs(lg(first) - lg(before)))
+        threshold = max(cfg.min_jump, cfg.jump_factor * max_step)
+        if jump < threshold:
+            return None
+        open_v = float(open_.values[0]) if open_ is not None else None
+        to_open = False
+        if open_v is not None:
+            drift = float(abs(lg(before) - lg(open_v)))
+            to_open = drift >= cfg.min_drift and float(abs(lg(first) - lg(open_v))) <= max(cfg.opening_tolerance, max_step)
+        data = {"metric": metric, "coef_before": before, "coef_after": first, "coef_opening": open_v,
+                "log_jump": jump, "largest_in_piece_step": max_step, "resumed_from_step": b.resumed_from_step}
+        if to_open:
+            msg = (f"The adaptive KL coefficient was reset at the resume at step {b.step}: {metric} went from "
+                   f"{fmt(before)} back to its initial value {fmt(first)} (it never moves more than "
+                   f"{max_step:.1%} per step on its own); save and restore the KL controller's value with the "
+                   f"checkpoint (verl #2653).")
+            return self.finding(step=b.step, severity="error", message=msg, data=data)
+        msg = (f"The KL coefficient jumped at the resume at step {b.step}: {metric} went from {fmt(before)} to "
+               f"{fmt(first)} (it never moves more than {max_step:.1%} per step on its own); check that the KL "
+               f"controller's state and the kl_coef setting carried over.")
+        return self.finding(step=b.step, severity="warning", message=msg, data=data)

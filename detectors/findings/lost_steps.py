@@ -1,0 +1,110 @@
+"""Lost steps around a resume: training work thrown away, or steps the tracker holds no data for.
+
+A restart rarely lands exactly where the previous process stopped, and what happens to the steps in
+between depends on the tracker:
+
+- *rewind*: the process that crashed had logged up to step H, training resumed from an older
+  checkpoint C < H, so steps C+1..H were trained twice. The first attempt's work is lost, and
+  TensorBoard and MLflow hold both versions of those steps (the core cuts them into two pieces).
+- *dropped*: the same, on a tracker that refuses steps below its current step (a resumed W&B run):
+  the re-trained steps C+1..H never reach the tracker, which shows the crashed process's values for
+  them, so the curve there is not the run that continued. Needs C, which a checkpoint folder gives.
+- *gap*: the first step logged after the resume is more than one logging interval past the last
+  step logged before, with no checkpoint explaining it: no process's data for those steps reached the
+  tracker (an unflushed writer at the crash, a resume from a later checkpoint than the logs show).
+
+The statistic is plain step arithmetic on the lineage's pieces: the highest step reached before the
+boundary, the first step after it, the checkpoint resumed from when known, and the run's own logging
+cadence (so a run that logs every N steps is not a run that loses N-1 of every N). Rewinds and dropped
+steps are the normal cost of resuming from an older checkpoint (``info``); a gap means data is missing
+from the tracker (``warning``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model import Finding, Lineage, LineageResult, Series
+from .base import FindingDetector, log_interval
+
+
+@dataclass(frozen=True)
+class LostStepsConfig:
+    """Thresholds of the lost-steps detector."""
+
+    gap_intervals: float = 1.5
+    """A gap counts when the first step after the resume is more than this many logging intervals past
+    the last step before it (one interval is the normal next point)."""
+
+
+def _steps(piece: dict[str, Series]) -> np.ndarray:
+    parts = [s.steps for n, s in piece.items() if not n.startswith("_") and len(s)]
+    return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+
+class LostSteps(FindingDetector[LostStepsConfig]):
+    name = "lost_steps"
+    config_class = LostStepsConfig
+
+    def detect(self, result: LineageResult) -> list[Finding]:
+        lineage = result.lineage
+        if not lineage.boundaries:
+            return []
+        interval = self._interval(lineage)
+        out: list[Finding] = []
+        for b in lineage.boundaries:
+            earlier = [_steps(p) for p in lineage.pieces[: b.piece_index]]
+            earlier = [s for s in earlier if len(s)]
+            after = _steps(lineage.pieces[b.piece_index]) if b.piece_index < len(lineage.pieces) else np.empty(0)
+            if not earlier or not len(after):
+                continue
+            high = int(max(int(s.max()) for s in earlier))
+            first = int(after.min())
+            c = b.resumed_from_step
+            base = {"last_logged_before": high, "first_logged_after": first, "resumed_from_step": c,
+                    "logging_interval": interval}
+            if first <= high:
+                lo = first if c is None or c + 1 > first else c + 1
+                n = high - lo + 1
+                out.append(self.finding(
+                    step=b.step, severity="info",
+                    message=(f"Steps {lo}-{high} were trained twice around the resume at step {b.step}: the "
+                             f"previous process had reached step {high} and training resumed from "
+                             f"{'checkpoint ' + str(c) if c is not None else 'an earlier step'}, so {n} steps of "
+                             f"work were lost and the tracker holds both versions of them; checkpoint more often "
+                             f"to lose less."),
+                    data={**base, "kind": "rewind", "first_lost": lo, "last_lost": high, "steps_lost": n}))
+            elif c is not None and c < high:
+                n = high - c
+                out.append(self.finding(
+                    step=b.step, severity="info",
+                    message=(f"Steps {c + 1}-{high} were trained again after the resume from checkpoint {c}, but "
+                             f"the tracker kept the crashed process's values for them (it drops steps below its "
+                             f"current step), so its curve over those {n} steps is not the run that continued."),
+                    data={**base, "kind": "dropped", "first_lost": c + 1, "last_lost": high, "steps_lost": n}))
+            elif first - high > self.config.gap_intervals * interval:
+                lo, hi = high + 1, first - 1
+                out.append(self.finding(
+                    step=b.step, severity="warning",
+                    message=(f"The tracker holds no data for steps {lo}-{hi} around the resume at step {b.step}: "
+                             f"the last step logged before it is {high} and the first after it {first}, while the "
+                             f"run logs every {interval} step(s); flush the logger before checkpointing, or check "
+                             f"which checkpoint the run resumed from."),
+                    data={**base, "kind": "gap", "first_lost": lo, "last_lost": hi, "steps_lost": hi - lo + 1}))
+        return out
+
+    @staticmethod
+    def _interval(lineage: Lineage) -> int:
+        name = lineage.kl_metric
+        if name is None:
+            counts: dict[str, int] = {}
+            for p in lineage.pieces:
+                for n, s in p.items():
+                    if not n.startswith("_"):
+                        counts[n] = counts.get(n, 0) + len(s)
+            name = max(counts, key=lambda n: counts[n]) if counts else None
+        if name is None:
+            return 1
+        return log_interval([p.get(name) for p in lineage.pieces])
