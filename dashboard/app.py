@@ -71,7 +71,8 @@ def _parse_threshold(field: str, raw: str) -> float | int | None:
         value = int(raw) if isinstance(getattr(_DEFAULTS, field), int) else float(raw)
     except ValueError:
         return None
-    return value if spec[2] <= value <= spec[3] else None
+    default = getattr(_DEFAULTS, field)
+    return value if min(spec[2], default) <= value <= max(spec[3], default) else None
 
 
 def init_state() -> None:
@@ -151,7 +152,7 @@ def _pick_from_picture() -> None:
 
 
 def sidebar_sources(base: list[str]) -> st.delta_generator.DeltaGenerator:
-    """The source list (statuses filled in once read) and the form to add one."""
+    """The source list (filled in once the sources are read), the box to add one, and Reload."""
     sb = st.sidebar
     sb.header("Sources")
     box = sb.container()
@@ -185,10 +186,10 @@ def sidebar_config(specs: list[str]) -> ScanConfig:
     more = sb.expander("More thresholds")
     for field, label, lo, hi, step, main in THRESHOLDS:
         where = sb if main else more
-        is_int = isinstance(getattr(_DEFAULTS, field), int)
-        cast = int if is_int else float
-        values[field] = where.slider(label, min_value=cast(lo), max_value=cast(hi), step=cast(step),
-                                     key=f"rr_{field}", help=_help(field))
+        default = getattr(_DEFAULTS, field)
+        cast = int if isinstance(default, int) else float
+        values[field] = where.slider(label, min_value=cast(min(lo, default)), max_value=cast(max(hi, default)),
+                                     step=cast(step), key=f"rr_{field}", help=_help(field))
     sb.button("Default thresholds", on_click=_reset_thresholds)
     if values["ok_score"] >= values["reset_score"]:
         sb.warning("The OK score is at or above the reset score: every high score is judged a reset first.")
@@ -273,7 +274,10 @@ def show_fleet(fleet: data.Fleet, config: ScanConfig) -> None:
         },
     )
     st.caption(f"{len(df)} of {len(fleet.keys)} training run(s) shown. Click a row (or a point above) to open it.")
-    st.download_button("Download JSON report", data=lambda: json.dumps(to_dict(fleet.scan), indent=2) + "\n",
+    specs = [s.spec for s in fleet.scan.sources]
+    st.download_button("Download JSON report",  # the CLI's report: findings included, computed on click
+                       data=lambda: json.dumps(to_dict(data.load_fleet(specs, config=config, findings=True).scan),
+                                               indent=2) + "\n",
                        file_name="klwatch-report.json", mime="application/json", icon=":material/download:", on_click="ignore")
 
 
@@ -364,7 +368,7 @@ def main() -> None:
         run_key = st.selectbox("Run", list(runs), key="run",
                                format_func=lambda k: f"{runs[k].lineage.name} ({runs[k].status})")
         with st.container(key="run_view"):
-            show_run(run_key, runs[run_key])
+            show_run(run_key, data.judged_run(fleet, run_key, config=config))
     sync_url(run=run_key)
 
 

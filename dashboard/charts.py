@@ -14,7 +14,6 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from detectors.downsample import minmax_indices
 from detectors.metrics import is_negated
@@ -74,18 +73,20 @@ def _thin(series: Series, max_points: int) -> Series:
 
 
 def _trace(series: Series, *, name: str, color: str, segment: str, metric: str, webgl: bool,
-           showlegend: bool, legendgroup: str) -> go.Scatter | go.Scattergl:
-    cls = go.Scattergl if webgl else go.Scatter
+           showlegend: bool, legendgroup: str, axis: int) -> dict:
     custom = np.stack([_wall_strings(series.wall_times, len(series)), np.full(len(series), segment, dtype=object)],
                       axis=-1) if len(series) else None
-    return cls(
-        x=series.steps, y=series.values, mode="lines+markers" if len(series) <= 300 else "lines",
-        name=name, legendgroup=legendgroup, showlegend=showlegend,
-        line={"color": color, "width": 1.6}, marker={"color": color, "size": 4},
-        customdata=custom,
-        hovertemplate=(f"<b>{metric}</b><br>step %{{x}}<br>value %{{y:.4g}}<br>%{{customdata[0]}}"
-                       "<br>segment %{customdata[1]}<extra></extra>"),
-    )
+    suffix = "" if axis == 1 else str(axis)
+    return {
+        "type": "scattergl" if webgl else "scatter",
+        "x": series.steps, "y": series.values, "xaxis": f"x{suffix}", "yaxis": f"y{suffix}",
+        "mode": "lines+markers" if len(series) <= 300 else "lines",
+        "name": name, "legendgroup": legendgroup, "showlegend": showlegend,
+        "line": {"color": color, "width": 1.6}, "marker": {"color": color, "size": 4},
+        "customdata": custom,
+        "hovertemplate": (f"<b>{metric}</b><br>step %{{x}}<br>value %{{y:.4g}}<br>%{{customdata[0]}}"
+                          "<br>segment %{customdata[1]}<extra></extra>"),
+    }
 
 
 def run_figure(result: LineageResult, *, linked: Sequence[str] = (), max_points: int = MAX_POINTS,
@@ -94,16 +95,35 @@ def run_figure(result: LineageResult, *, linked: Sequence[str] = (), max_points:
 
     Each boundary is a vertical line through all panels, coloured and labelled with its verdict and
     score; the windows the detector compared are shaded on the KL panel (before in grey, after in
-    the verdict's colour). Panels below share the x axis (step) and show ``linked`` series.
+    the verdict's colour). Panels below share the x axis (step) and show ``linked`` series. The
+    figure is assembled as one plain spec and validated once (plotly's incremental API costs
+    hundreds of milliseconds for a few panels, paid on every click).
     """
     lin = result.lineage
     metric = result.metric or lin.kl_metric
     panels = ([metric] if metric else []) + [m for m in linked if m != metric]
     rows = max(1, len(panels))
-    heights = [0.55] + [0.45 / (rows - 1)] * (rows - 1) if rows > 1 else [1.0]
     titles = [(f"−{p} (logged negated)" if i == 0 and p == metric and is_negated(p) else p) for i, p in enumerate(panels)]
-    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.04 if rows > 1 else 0.0,
-                        row_heights=heights, subplot_titles=titles or None)
+
+    # Panel domains, top to bottom: the KL gets the most room.
+    gap = 0.045 if rows > 1 else 0.0
+    weights = [2.2] + [1.0] * (rows - 1)
+    usable = 1.0 - gap * (rows - 1)
+    domains, top = [], 1.0
+    for w in weights:
+        h = usable * w / sum(weights)
+        domains.append((max(0.0, top - h), top))
+        top = top - h - gap
+    layout: dict = {}
+    for r in range(1, rows + 1):
+        sfx = "" if r == 1 else str(r)
+        layout[f"xaxis{sfx}"] = {"anchor": f"y{sfx}", "domain": [0.0, 1.0], "showticklabels": r == rows,
+                                 "showspikes": True, "spikemode": "across", "spikesnap": "cursor", "spikethickness": 1,
+                                 **({} if r == 1 else {"matches": "x"}),
+                                 **({"title": {"text": lin.step_axis or "step"}} if r == rows else {})}
+        layout[f"yaxis{sfx}"] = {"anchor": f"x{sfx}", "domain": list(domains[r - 1])}
+
+    traces: list[dict] = []
     total = sum(len(p[m]) for p in lin.pieces for m in panels if m in p)
     webgl = total > webgl_above
     thinned = False
@@ -118,18 +138,24 @@ def run_figure(result: LineageResult, *, linked: Sequence[str] = (), max_points:
             thinned |= len(drawn) < len(s)
             seg_i = lin.piece_segments[i] if i < len(lin.piece_segments) else 0
             seg_ref = lin.segments[seg_i].ref if seg_i < len(lin.segments) else "?"
-            fig.add_trace(_trace(drawn, name=f"piece {i + 1}: {seg_ref.rstrip('/').rsplit('/', 1)[-1]}", color=PIECE_COLORS[i % len(PIECE_COLORS)],
-                                 segment=seg_ref, metric=m, webgl=webgl, showlegend=row == 1,
-                                 legendgroup=f"piece{i}"), row=row, col=1)
+            traces.append(_trace(drawn, name=f"piece {i + 1}: {seg_ref.rstrip('/').rsplit('/', 1)[-1]}",
+                                 color=PIECE_COLORS[i % len(PIECE_COLORS)], segment=seg_ref, metric=m, webgl=webgl,
+                                 showlegend=row == 1, legendgroup=f"piece{i}", axis=row))
+
+    shapes: list[dict] = []
+    annotations: list[dict] = [
+        {"text": t, "x": 0.0, "xref": "paper", "xanchor": "left", "y": domains[r][1], "yref": "paper",
+         "yanchor": "bottom", "showarrow": False, "font": {"size": 12, "color": "#444"}}
+        for r, t in enumerate(titles)]
     for k, b in enumerate(lineage_dict(result)["boundaries"]):
         color = VERDICT_COLORS.get(b["verdict"], "#555")
-        fig.add_shape(type="line", xref="x", yref="paper", x0=b["step"], x1=b["step"], y0=0, y1=1,
-                      line={"color": color, "width": 2, "dash": "dash"}, layer="above")
+        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": b["step"], "x1": b["step"], "y0": 0, "y1": 1,
+                       "line": {"color": color, "width": 2, "dash": "dash"}, "layer": "above"})
         label = f"{VERDICT_LABELS.get(b['verdict'], b['verdict'])} {b['score']:.2f}"
-        fig.add_annotation(x=b["step"], xref="x", y=1.0 + (0.07 if k % 2 else 0.0), yref="y domain" if panels else "paper",
-                           text=f"<b>{label}</b>", showarrow=False, yanchor="bottom",
-                           font={"color": "white", "size": 11}, bgcolor=color, borderpad=2,
-                           hovertext=f"step {b['step']}: {b['explanation']}")
+        annotations.append({"x": b["step"], "xref": "x", "y": 1.0 + (0.07 if k % 2 else 0.0),
+                            "yref": "y domain" if panels else "paper", "text": f"<b>{label}</b>", "showarrow": False,
+                            "yanchor": "bottom", "font": {"color": "white", "size": 11}, "bgcolor": color,
+                            "borderpad": 2, "hovertext": f"step {b['step']}: {b['explanation']}"})
         if panels and panels[0] == metric:
             for window, fill in ((b.get("window_before"), "rgba(120,120,120,0.14)"),
                                  (b.get("window_after"), _rgba(color, 0.16))):
@@ -137,23 +163,18 @@ def run_figure(result: LineageResult, *, linked: Sequence[str] = (), max_points:
                     lo, hi = window
                     if lo == hi:
                         lo, hi = lo - 0.5, hi + 0.5
-                    fig.add_shape(type="rect", xref="x", yref="y domain", x0=lo, x1=hi, y0=0, y1=1,
-                                  fillcolor=fill, line={"width": 0}, layer="below")
+                    shapes.append({"type": "rect", "xref": "x", "yref": "y domain", "x0": lo, "x1": hi, "y0": 0,
+                                   "y1": 1, "fillcolor": fill, "line": {"width": 0}, "layer": "below"})
     title = f"{lin.name}: {result.status}"
     if thinned:
         title += f"  (long series: min/max of each bucket drawn, ≤{max_points:,} points per piece)"
-    fig.update_layout(
+    layout.update(
         title={"text": title, "font": {"size": 15}}, height=430 + 170 * (rows - 1), hovermode="closest",
         margin={"l": 60, "r": 20, "t": 90, "b": 95},
         legend={"orientation": "h", "x": 0.0, "y": 0.0, "yanchor": "bottom", "yref": "container", "font": {"size": 11}},
-        uirevision=lin.id,
+        uirevision=lin.id, shapes=shapes, annotations=annotations,
     )
-    fig.update_xaxes(showspikes=True, spikemode="across", spikesnap="cursor", spikethickness=1)
-    fig.update_xaxes(title_text=lin.step_axis or "step", row=rows, col=1)
-    for ann in fig.layout.annotations:  # subplot titles: top left of their panel, clear of the boundary labels
-        if ann.text in titles:
-            ann.update(x=0.0, xanchor="left", font={"size": 12, "color": "#444"})
-    return fig
+    return go.Figure({"data": traces, "layout": layout})
 
 
 def _rgba(hex_color: str, alpha: float) -> str:
@@ -166,37 +187,46 @@ def fleet_figure(points: pd.DataFrame, *, thresholds: ReferenceResetConfig) -> g
     """Every boundary of every run: KL after/before (log) against the detector's score.
 
     Resets gather at the bottom right (KL collapsed, high score), healthy resumes near ratio 1 on the
-    left; the dashed lines are the current thresholds, so moving a slider moves the picture's cut.
+    left; the dotted lines are the current thresholds, so moving a slider moves the picture's cut.
+    A boundary without a ratio (no KL level before it) is drawn on the 'no change' line.
     """
-    fig = go.Figure()
     floor = 1e-4
+    traces = []
     for verdict, color in VERDICT_COLORS.items():
         sub = points[points["verdict"] == verdict]
         if sub.empty:
             continue
         ratio = sub["ratio"].astype("float64").fillna(1.0).clip(lower=floor)
-        fig.add_trace(go.Scatter(
-            x=sub["score"], y=ratio, mode="markers", name=f"{verdict} ({len(sub)})",
-            marker={"color": color, "size": 10, "opacity": 0.8, "line": {"width": 1, "color": "white"}},
-            customdata=np.stack([sub["key"], sub["run"], sub["step"].astype(str),
-                                 sub["kl_before"].map(_fmt), sub["kl_after"].map(_fmt)], axis=-1),
-            hovertemplate=("<b>%{customdata[1]}</b><br>resume at step %{customdata[2]}<br>"
-                           "KL %{customdata[3]} → %{customdata[4]}<br>after/before %{y:.3g}<br>"
-                           "score %{x:.2f}<extra></extra>"),
-        ))
-    fig.add_hline(y=thresholds.low_fraction, line={"dash": "dot", "color": "#888", "width": 1},
-                  annotation_text="low", annotation_position="bottom left")
+        traces.append({
+            "type": "scatter", "x": sub["score"].to_numpy(), "y": ratio.to_numpy(), "mode": "markers",
+            "name": f"{verdict} ({len(sub)})",
+            "marker": {"color": color, "size": 10, "opacity": 0.8, "line": {"width": 1, "color": "white"}},
+            "customdata": np.stack([sub["key"], sub["run"], sub["step"].astype(str),
+                                    sub["kl_before"].map(_fmt), sub["kl_after"].map(_fmt)], axis=-1),
+            "hovertemplate": ("<b>%{customdata[1]}</b><br>resume at step %{customdata[2]}<br>"
+                              "KL %{customdata[3]} → %{customdata[4]}<br>after/before %{y:.3g}<br>"
+                              "score %{x:.2f}<extra></extra>"),
+        })
+    dotted = {"dash": "dot", "color": "#888", "width": 1}
+    shapes = [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": thresholds.low_fraction,
+               "y1": thresholds.low_fraction, "line": dotted}]
+    annotations = [{"text": "low", "xref": "paper", "x": 0, "xanchor": "left", "yref": "y",
+                    "y": float(np.log10(thresholds.low_fraction)), "yanchor": "top", "showarrow": False,
+                    "font": {"size": 10, "color": "#888"}}]
     for x, label in ((thresholds.ok_score, "ok ≤"), (thresholds.reset_score, "reset ≥")):
-        fig.add_vline(x=x, line={"dash": "dot", "color": "#888", "width": 1}, annotation_text=label,
-                      annotation_position="top")
-    fig.update_layout(
-        height=280, margin={"l": 60, "r": 20, "t": 30, "b": 40}, hovermode="closest",
-        xaxis={"title": "reset score", "range": [-0.03, 1.03]},
-        yaxis={"title": "KL after / before", "type": "log", "tickvals": [1e-4, 1e-3, 1e-2, 0.1, 0.5, 1, 10],
-               "ticktext": ["≤1e-4", "0.001", "0.01", "0.1", "0.5", "1", "10"]},
-        legend={"orientation": "h", "y": 1.12, "yanchor": "bottom"}, clickmode="event+select",
-    )
-    return fig
+        shapes.append({"type": "line", "xref": "x", "x0": x, "x1": x, "yref": "paper", "y0": 0, "y1": 1, "line": dotted})
+        annotations.append({"text": label, "xref": "x", "x": x, "yref": "paper", "y": 1, "yanchor": "bottom",
+                            "showarrow": False, "font": {"size": 10, "color": "#888"}})
+    layout = {
+        "height": 280, "margin": {"l": 60, "r": 20, "t": 30, "b": 40}, "hovermode": "closest",
+        "xaxis": {"title": {"text": "reset score"}, "range": [-0.03, 1.03]},
+        "yaxis": {"title": {"text": "KL after / before"}, "type": "log",
+                  "tickvals": [1e-4, 1e-3, 1e-2, 0.1, 0.5, 1, 10],
+                  "ticktext": ["≤1e-4", "0.001", "0.01", "0.1", "0.5", "1", "10"]},
+        "legend": {"orientation": "h", "y": 1.12, "yanchor": "bottom"}, "clickmode": "event+select",
+        "shapes": shapes, "annotations": annotations,
+    }
+    return go.Figure({"data": traces, "layout": layout})
 
 
 def _fmt(x: float | None) -> str:

@@ -5,7 +5,10 @@ judging them cheaper still. So each layer is cached on what it depends on: the r
 spec and a fingerprint of its files (sizes and mtimes, so a new event file or a growing log is read
 again) or, for a remote tracker, a short time bucket; lineages also on the metric choice; verdicts
 also on the detector thresholds. Moving a threshold slider therefore re-judges in milliseconds
-without reading anything. Nothing here decides a verdict: it calls ``detectors.pipeline``.
+without reading anything. The fleet is judged without the other resume-integrity detectors (``findings``,
+several times the cost of the KL verdicts, and not part of the fleet table): the run view asks for the
+open run's findings and the JSON export for everyone's, both through the same pipeline call with
+``findings`` on. Nothing here decides a verdict: it calls ``detectors.pipeline``.
 """
 
 from __future__ import annotations
@@ -106,6 +109,15 @@ def results_cached(spec: str, fp: str, build_key: str, judge_key: str, _config: 
     return [judge_lineage(lin, config=_config) for lin in lineages_cached(spec, fp, build_key, _config)]
 
 
+@st.cache_resource(max_entries=256, show_spinner=False)
+def run_cached(spec: str, fp: str, build_key: str, judge_key: str, lineage_id: str, _config: ScanConfig) -> LineageResult | None:
+    """One run judged with everything (findings too): what the run view shows."""
+    for lin in lineages_cached(spec, fp, build_key, _config):
+        if lin.id == lineage_id:
+            return judge_lineage(lin, config=_config)
+    return None
+
+
 @st.cache_resource(max_entries=32, show_spinner=False)
 def metric_names_cached(spec: str, fp: str) -> list[str]:
     """Every metric name the source logs (for the metric picker)."""
@@ -127,6 +139,8 @@ class Fleet:
     """One per ``scan.results`` entry: the lineage id, made unique across sources."""
     source_of: list[str]
     """The SOURCE spec each result came from."""
+    fingerprints: dict[str, str] = dataclasses.field(default_factory=dict)
+    """The fingerprint each source was read at (so a run view asks the cache for the same read)."""
 
     @property
     def runs(self) -> dict[str, LineageResult]:
@@ -136,14 +150,20 @@ class Fleet:
         return dict(Counter(r.status for r in self.scan.results).most_common())
 
 
-def load_fleet(specs: Sequence[str], *, config: ScanConfig, now: float | None = None) -> Fleet:
-    """Read (cached), stitch (cached) and judge (cached) every source; unreadable ones keep their error."""
+def load_fleet(specs: Sequence[str], *, config: ScanConfig, findings: bool = False, now: float | None = None) -> Fleet:
+    """Read (cached), stitch (cached) and judge (cached) every source; unreadable ones keep their error.
+
+    Without ``findings`` only the KL verdicts are computed (the fleet view); with it, everything the
+    CLI's report holds (the JSON export).
+    """
+    config = dataclasses.replace(config, findings=findings and config.findings)
     bkey, jkey = build_key(config), config_key(config)
+    fps: dict[str, str] = {}
     sources: list[SourceRead] = []
     results: list[LineageResult] = []
     source_of: list[str] = []
     for spec in dict.fromkeys(specs):
-        fp = fingerprint(spec, now=now)
+        fp = fps[spec] = fingerprint(spec, now=now)
         read, pattern = read_cached(spec, fp)
         judged = results_cached(spec, fp, bkey, jkey, config)
         if pattern and read.segments and not judged:  # a copy: the cached read stays as read
@@ -159,12 +179,22 @@ def load_fleet(specs: Sequence[str], *, config: ScanConfig, now: float | None = 
         while key in keys:
             key += "'"
         keys.append(key)
-    return Fleet(scan=ScanResult(sources=sources, results=results), keys=keys, source_of=source_of)
+    return Fleet(scan=ScanResult(sources=sources, results=results), keys=keys, source_of=source_of, fingerprints=fps)
+
+
+def judged_run(fleet: Fleet, key: str, *, config: ScanConfig) -> LineageResult:
+    """The fleet's run ``key`` judged with its findings (cached per run and thresholds)."""
+    i = fleet.keys.index(key)
+    result, spec = fleet.scan.results[i], fleet.source_of[i]
+    if not config.findings:
+        return result
+    full = run_cached(spec, fleet.fingerprints[spec], build_key(config), config_key(config), result.lineage.id, config)
+    return full if full is not None else result
 
 
 def clear_caches() -> None:
     """Forget every read (the Reload button): the next run reads every source again."""
-    for fn in (read_cached, lineages_cached, results_cached, metric_names_cached):
+    for fn in (read_cached, lineages_cached, results_cached, run_cached, metric_names_cached):
         fn.clear()
 
 

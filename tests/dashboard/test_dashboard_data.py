@@ -22,16 +22,30 @@ def fleet_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_fleet(tmp_path_factory.mktemp("fleet"))
 
 
-def test_fleet_holds_what_the_cli_scan_reports(fleet_dir: Path) -> None:
-    fleet = data.load_fleet([str(fleet_dir)], config=ScanConfig())
-    expected = scan([str(fleet_dir)])
-    assert [(r.lineage.id, r.status) for r in fleet.scan.results] == [(r.lineage.id, r.status) for r in expected.results]
-    assert fleet.status_counts() == {"ok": 2, "reference_reset": 1}
-    report = json.loads(json.dumps(to_dict(fleet.scan)))
-    assert report["schema"] == "klwatch.report/1"
-    flagged = [lin for lin in report["lineages"] if lin["status"] == "reference_reset"]
+def test_the_exported_report_is_the_cli_report(fleet_dir: Path) -> None:
+    exported = to_dict(data.load_fleet([str(fleet_dir)], config=ScanConfig(), findings=True).scan)
+    expected = to_dict(scan([str(fleet_dir)]))
+    assert exported["schema"] == "klwatch.report/1"
+    assert exported["sources"] == expected["sources"]
+    assert exported["lineages"] == expected["lineages"]
+    flagged = [lin for lin in exported["lineages"] if lin["status"] == "reference_reset"]
     assert [lin["name"] for lin in flagged] == ["grpo-resume-buggy"]
     assert [b["step"] for b in flagged[0]["boundaries"]] == [41, 81]
+
+
+def test_the_fleet_skips_findings_but_the_opened_run_has_them(fleet_dir: Path) -> None:
+    fleet = data.load_fleet([str(fleet_dir)], config=ScanConfig())
+    full = {r.lineage.id: r for r in scan([str(fleet_dir)]).results}
+    assert fleet.status_counts() == {"ok": 2, "reference_reset": 1}
+    for key, r in fleet.runs.items():
+        assert r.findings == []
+        assert [(v.boundary.step, v.verdict, v.score) for v in r.verdicts] == [
+            (v.boundary.step, v.verdict, v.score) for v in full[r.lineage.id].verdicts]
+        opened = data.judged_run(fleet, key, config=ScanConfig())
+        assert opened.status == r.status
+        assert [(f.detector, f.step, f.message) for f in opened.findings] == [
+            (f.detector, f.step, f.message) for f in full[r.lineage.id].findings]
+    assert any(full[r.lineage.id].findings for r in fleet.scan.results), "the fleet should give some finding"
 
 
 def test_fleet_table_has_one_row_per_run_with_the_worst_boundary(fleet_dir: Path) -> None:

@@ -1,0 +1,240 @@
+"""Benchmark: the dashboard on a fleet of 200 runs x 2,000 steps (TensorBoard event files).
+
+    python benchmarks/bench_dashboard.py [--runs 200] [--steps 2000] [--dir DIR] [--repeat 3] [--no-page]
+
+What a user waits for, layer by layer, on the same files:
+
+- cold load: read + stitch + judge every run (``dashboard.data.load_fleet`` with empty caches);
+- warm load: the same call again (what every click costs: a fingerprint of the files, cache hits);
+- a threshold moved: re-judge only (the read and the lineages come from the cache);
+- the metric changed: re-stitch and re-judge, no read;
+- the fleet view (table, boundary points, fleet picture) and the run view figure of one run, with
+  its JSON serialisation (what Streamlit ships to the browser); and a 1,000,000-step run thinned by
+  min/max buckets;
+- the whole page through Streamlit's AppTest, cold and warm (``--no-page`` skips it);
+- the naive alternative: tbparse's SummaryReader over the folder into one pandas frame, which a
+  dashboard without caching would redo on every interaction (and that still has no verdict).
+
+Event files are written directly (TFRecord framing, one Event per step holding every tag, as a
+Summary may) because tensorboardX's one-call-per-scalar writer would take minutes for 1.6M scalars.
+Not a test: the numbers are printed, the target (a fleet of this size loads in seconds) is read off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+TAGS = ("train/kl_penalty", "train/loss", "train/reward", "train/lr")
+
+
+def _masked_crc(data: bytes) -> int:
+    import google_crc32c
+
+    crc = google_crc32c.value(data)
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _record(data: bytes) -> bytes:
+    header = struct.pack("<Q", len(data))
+    return header + struct.pack("<I", _masked_crc(header)) + data + struct.pack("<I", _masked_crc(data))
+
+
+def write_events(path: Path, *, steps: np.ndarray, wall: np.ndarray, values: dict[str, np.ndarray]) -> None:
+    """One event file: a version record, then one Event per step with a simple_value per tag."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+
+    out = [_record(event_pb2.Event(wall_time=float(wall[0]), file_version="brain.Event:2").SerializeToString())]
+    for i, step in enumerate(steps):
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=t, simple_value=float(v[i]))
+                                             for t, v in values.items()])
+        out.append(_record(event_pb2.Event(wall_time=float(wall[i]), step=int(step), summary=summary).SerializeToString()))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(out))
+
+
+def write_fleet(root: Path, *, runs: int, steps: int, seed: int = 0) -> dict[str, int]:
+    """``runs`` training runs of ``steps`` steps; half resumed once (a second event file), a quarter of
+    all runs with the reference rebuilt at the resume (KL restarts from zero). Returns counts."""
+    rng = np.random.default_rng(seed)
+    t0 = 1_760_000_000.0
+    counts = {"runs": runs, "resumed": 0, "buggy": 0, "files": 0, "scalars": 0}
+    for r in range(runs):
+        resumed, buggy = r % 2 == 0, r % 4 == 0
+        cut = int(rng.integers(steps // 4, 3 * steps // 4)) if resumed else steps + 1
+        launches = [(1, cut), (cut, steps + 1)] if resumed else [(1, steps + 1)]
+        for k, (a, b) in enumerate(launches):
+            s = np.arange(a, b)
+            anchor = a - 1 if (buggy and k) else 0
+            tau = 150.0 + 50.0 * rng.random()
+            kl = 0.05 * (1 - np.exp(-(s - anchor) / tau)) * np.exp(rng.normal(0, 0.08, len(s)))
+            values = {"train/kl_penalty": kl, "train/loss": 1 / (1 + s / 400) + rng.normal(0, 0.01, len(s)),
+                      "train/reward": 0.2 + s / (4 * steps) + rng.normal(0, 0.02, len(s)),
+                      "train/lr": np.full(len(s), 1e-6)}
+            wall = t0 + s * 5.0 + k * 7_200.0
+            write_events(root / f"grpo-{r:03d}" / f"events.out.tfevents.{int(wall[0])}.bench.{k}",
+                         steps=s, wall=wall, values=values)
+            counts["files"] += 1
+            counts["scalars"] += len(s) * len(values)
+        counts["resumed"] += resumed
+        counts["buggy"] += buggy
+    return counts
+
+
+def timed(fn: Callable[[], object], *, repeat: int = 1) -> tuple[float, object]:
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def page_times(root: Path) -> tuple[float, float, float]:
+    """(cold, warm rerun, threshold moved) seconds for the whole page through AppTest, in a fresh process."""
+    code = f"""
+import os, sys, time, json
+sys.path.insert(0, {str(REPO)!r})
+os.environ["KLWATCH_DASHBOARD_SOURCES"] = {str(root)!r}
+from streamlit.testing.v1 import AppTest
+import dashboard.data, detectors.pipeline, plotly, pandas  # imports are not the page's cost
+at = AppTest.from_file({str(REPO / "dashboard" / "app.py")!r}, default_timeout=600)
+t = time.perf_counter(); at.run(); cold = time.perf_counter() - t
+assert not at.exception, at.exception
+t = time.perf_counter(); at.run(); warm = time.perf_counter() - t
+t = time.perf_counter(); at.slider(key="rr_reset_score").set_value(0.99).run(); moved = time.perf_counter() - t
+print(json.dumps([cold, warm, moved, len(at.dataframe(key="fleet_table").value)]))
+"""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    cold, warm, moved, rows = json.loads(out.stdout.strip().splitlines()[-1])
+    return cold, warm, moved
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=2_000)
+    parser.add_argument("--dir", type=Path, help="write (or reuse) the fleet here instead of a temporary folder")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--no-page", action="store_true", help="skip the AppTest page timing")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.getLogger("streamlit").setLevel(logging.ERROR)
+
+    tmp = None
+    if args.dir is None:
+        tmp = tempfile.mkdtemp(prefix="klwatch-bench-dashboard-")
+        root = Path(tmp)
+    else:
+        root = args.dir
+    try:
+        if not any(root.glob("*/events.out.tfevents.*")):
+            t, counts = timed(lambda: write_fleet(root, runs=args.runs, steps=args.steps))
+            print(f"wrote {counts['runs']} runs ({counts['resumed']} resumed, {counts['buggy']} with the reference "
+                  f"rebuilt), {counts['files']} event files, {counts['scalars']:,} scalars in {t:.1f} s")
+        size = sum(p.stat().st_size for p in root.rglob("events.out.tfevents.*"))
+        print(f"fleet: {root} ({size / 2**20:.1f} MiB)\n")
+
+        from dashboard import charts, data
+        from detectors.pipeline import ScanConfig
+        from detectors.reference_reset import ReferenceResetConfig
+
+        spec = str(root)
+        config = ScanConfig()
+        rows: list[tuple[str, float, str]] = []
+
+        data.clear_caches()
+        t_read, _ = timed(lambda: data.read_cached(spec, data.fingerprint(spec)))
+        t_build, _ = timed(lambda: data.lineages_cached(spec, data.fingerprint(spec), data.build_key(config), config))
+        t_judge, _ = timed(lambda: data.results_cached(spec, data.fingerprint(spec), data.build_key(config),
+                                                       data.config_key(config), config))
+        data.clear_caches()
+        t_cold, fleet = timed(lambda: data.load_fleet([spec], config=config))
+        rows += [("cold load: read + stitch + judge", t_cold,
+                  f"read {t_read:.2f} s, stitch {t_build:.2f} s, judge {t_judge:.2f} s")]
+        t_warm, _ = timed(lambda: data.load_fleet([spec], config=config), repeat=args.repeat)
+        t_fp, _ = timed(lambda: data.fingerprint(spec), repeat=args.repeat)
+        rows.append(("warm load (every click)", t_warm, f"of which the files' fingerprint {t_fp * 1000:.1f} ms"))
+        moved = [dataclasses.replace(config, reference_reset=ReferenceResetConfig(reset_score=x)) for x in (0.8, 0.85, 0.9)]
+        t_moved = min(timed(lambda c=c: data.load_fleet([spec], config=c))[0] for c in moved)
+        rows.append(("a threshold moved: re-judge only", t_moved, "no read, no stitch"))
+        t_metric, _ = timed(lambda: data.load_fleet([spec], config=dataclasses.replace(config, metrics=("train/kl*",))))
+        rows.append(("the metric changed: re-stitch + judge", t_metric, "no read"))
+
+        statuses = fleet.status_counts()
+        t_fleet_view, _ = timed(lambda: (data.fleet_table(fleet), charts.fleet_figure(
+            data.boundary_points(fleet), thresholds=config.reference_reset).to_json()), repeat=args.repeat)
+        rows.append(("fleet view: table + fleet picture", t_fleet_view, f"{len(fleet.keys)} runs: {statuses}"))
+        flagged = next((r for r in fleet.scan.results if r.status == "reference_reset"), fleet.scan.results[0])
+        names = [n for n in flagged.lineage.metric_names() if n != flagged.metric]
+        linked = charts.pick_linked_metrics(names, exclude=[flagged.metric or ""])
+        t_fig, fig = timed(lambda: charts.run_figure(flagged, linked=linked), repeat=args.repeat)
+        t_json, payload = timed(lambda: fig.to_json(), repeat=args.repeat)  # type: ignore[union-attr]
+        rows.append(("run view: figure of one run", t_fig + t_json,
+                     f"{flagged.lineage.name}, KL + {len(linked)} panels: build {t_fig * 1000:.0f} ms, "
+                     f"JSON {t_json * 1000:.0f} ms ({len(payload) / 2**10:.0f} KiB)"))  # type: ignore[arg-type]
+
+        from detectors.model import Lineage, LineageResult, Segment, Series
+
+        n = 1_000_000
+        s = np.arange(1, n + 1)
+        v = 0.05 + 0.005 * np.sin(s / 900.0)
+        v[654_321] = 0.0
+        ser = Series(s, v, 1.7e9 + s * 1.0)
+        big = LineageResult(Lineage(id="big", name="big", segments=[Segment(kind="table", ref="big", source="x",
+                                                                            series={"kl": ser})],
+                                    pieces=[{"kl": ser}], piece_segments=[0], kl_metric="kl"), "kl", "ok")
+        t_big, bigfig = timed(lambda: charts.run_figure(big), repeat=args.repeat)
+        drawn = len(bigfig.data[0].x)  # type: ignore[union-attr]
+        kept = bool(np.any(np.asarray(bigfig.data[0].y) == 0.0))  # type: ignore[union-attr]
+        rows.append(("run view: a 1,000,000-step run", t_big,
+                     f"min/max thinned to {drawn:,} points ({bigfig.data[0].type}); the one-step drop to 0 drawn: {kept}"))  # type: ignore[union-attr]
+
+        if not args.no_page:
+            cold, warm, moved_page = page_times(root)
+            rows += [("whole page (AppTest), cold", cold, "fresh process, imports done"),
+                     ("whole page (AppTest), rerun", warm, "what a click costs server-side"),
+                     ("whole page (AppTest), slider moved", moved_page, "re-judged, page redrawn")]
+
+        def naive() -> int:
+            from tbparse import SummaryReader
+
+            df = SummaryReader(spec, extra_columns={"dir_name", "wall_time"}).scalars
+            return len(df.groupby("dir_name"))
+
+        t_naive, groups = timed(naive)
+        rows.append(("naive: tbparse over the folder, every click", t_naive,
+                     f"{groups} folders into one DataFrame; no stitching, no verdict"))
+
+        width = max(len(r[0]) for r in rows)
+        print(f"{'step'.ljust(width)}  {'seconds':>8}  notes")
+        for name, secs, note in rows:
+            print(f"{name.ljust(width)}  {secs:8.3f}  {note}")
+        print(f"\nnaive / cold load: {t_naive / t_cold:.1f}x; naive / warm load: {t_naive / max(t_warm, 1e-9):,.0f}x; "
+              f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
