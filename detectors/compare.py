@@ -31,7 +31,7 @@ from scipy import stats
 from .cli_common import MetricOpt, err
 from .metrics import is_negated
 from .model import LineageResult, Series
-from .pipeline import ScanConfig, _matches, scan
+from .pipeline import ScanConfig, matches_pattern, scan
 from .reference_reset import typical_kl
 from .sources import split_pattern
 
@@ -199,7 +199,7 @@ def resolve_run(spec: str, *, role: str, config: ScanConfig) -> LineageResult:
     errors = [e.message for s in result.sources for e in s.errors]
     if result.nothing_read:
         raise CompareReadError(f"{role} {spec}: nothing could be read" + (f" ({'; '.join(errors)})" if errors else ""))
-    matched = [r for r in result.results if _matches(pattern, r.lineage)]
+    matched = [r for r in result.results if matches_pattern(pattern, r.lineage)]
     names = ", ".join(sorted(r.lineage.name for r in result.results if r.status != "error")) or "none"
     unreadable = errors + [f"{r.lineage.name}: {r.error}" for r in result.results if r.status == "error"]
     if not matched and unreadable:

@@ -70,7 +70,8 @@ def read_sources(specs: Sequence[str], *, progress: Callable[[str], None] | None
     return out
 
 
-def _matches(pattern: str | None, lineage: Lineage) -> bool:
+def matches_pattern(pattern: str | None, lineage: Lineage) -> bool:
+    """SOURCE#PATTERN: a training run matches by its name, id, or any member run's id or name."""
     if not pattern:
         return True
     names = [lineage.name, lineage.id] + [s.run_id or "" for s in lineage.segments] + [s.name or "" for s in lineage.segments]
@@ -210,7 +211,7 @@ def scan(specs: Sequence[str], *, config: ScanConfig = ScanConfig(),
     for read, pattern in reads:
         matched = 0
         for lineage in build_lineages(read.segments, config=config):
-            if _matches(pattern, lineage):
+            if matches_pattern(pattern, lineage):
                 matched += 1
                 results.append(judge_lineage(lineage, config=config))
         if pattern and read.segments and not matched:

@@ -42,7 +42,7 @@ import typer
 from .alerts import Alert, alert_from_verdict, alert_line, backoff_delay, post_webhook, redact_url, scrub, slack_payload
 from .cli_common import GroupOpt, IntentOpt, LineageOpt, MetricOpt, ResetScoreOpt, RestartOpt, SourcesArg, build_config, err
 from .model import Segment, SegmentKind, SourceError, SourceRead
-from .pipeline import ScanConfig, ScanResult, _matches, build_lineages, judge_lineage
+from .pipeline import ScanConfig, ScanResult, matches_pattern, build_lineages, judge_lineage
 from .reference_reset import ReferenceResetConfig
 from .report import EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
 from .sources import read_source, split_pattern
@@ -248,7 +248,7 @@ def judge_sources(specs: list[str], *, config: ScanConfig, cache: LocalReadCache
         reads.append(read)
         matched = 0
         for lineage in build_lineages(read.segments, config=config):
-            if _matches(pattern, lineage):
+            if matches_pattern(pattern, lineage):
                 matched += 1
                 results.append(judge_lineage(lineage, config=config))
         if pattern and read.segments and not matched:
