@@ -127,14 +127,11 @@ def to_framework_steps(segment: Segment, axis: str) -> Segment:
     global_steps = np.round(gs.values[order]).astype(np.int64)
     new_series: dict[str, Series] = {}
     for name, s in segment.series.items():
-        if name == axis:
-            continue
         idx = np.searchsorted(tracker_steps, s.steps, side="right") - 1
         keep = idx >= 0
         mapped = global_steps[np.clip(idx, 0, None)]
         new_series[name] = Series(mapped[keep], s.values[keep],
                                   None if s.wall_times is None else s.wall_times[keep])
-    new_series[axis] = gs
     out = Segment(**{**segment.__dict__, "series": new_series})
     out.meta = {**segment.meta, "step_axis": axis}
     return out

@@ -81,32 +81,30 @@ def matches_pattern(pattern: str | None, lineage: Lineage) -> bool:
 def build_lineages(segments: list[Segment], *, config: ScanConfig) -> list[Lineage]:
     """Stitch segments into training runs, put them on one step axis, cut pieces, find boundaries."""
     lineages: list[Lineage] = []
-    for lid, name, segs in stitch(segments, config=config.stitch):
+    # the framework's global step continues across restarts where the tracker's restarts: stitch on it
+    on_axis = []
+    for s in segments:
+        a = step_axis_metric(s) if not s.error else None
+        on_axis.append(to_framework_steps(s, a) if a else s)
+    for lid, name, segs in stitch(on_axis, config=config.stitch):
         data = [s for s in segs if s.kind != "checkpoints" and not s.error]
         ckpt_segs = [s for s in segs if s.kind == "checkpoints"]
         if not data:  # a checkpoint folder alone: its trainer_state log history is the data
             data = [s for s in ckpt_segs if s.series]
-        axis = None
-        placed: list[Segment] = []
-        for s in data:
-            a = step_axis_metric(s)
-            if a:
-                axis = a
-                s = to_framework_steps(s, a)
-            placed.append(s)
-        metric = choose_kl_metric(placed, patterns=config.metrics or None)
+        axes = [s.meta.get("step_axis") for s in data if s.meta.get("step_axis")]
+        axis = axes[0] if axes else None
+        metric = choose_kl_metric(data, patterns=config.metrics or None)
         checkpoint_steps = sorted({c for s in ckpt_segs for c in s.checkpoint_steps})
         pieces = []
-        for i, s in enumerate(placed):
+        for i, s in enumerate(data):
             pieces.extend(split_segment(s, i, prefer=metric, config=config.boundaries))
         merged_config: dict = {}
-        for s in placed or segs:
+        for s in data or segs:
             merged_config.update(s.config)
-        lineage = Lineage(id=lid, name=name, segments=placed + [s for s in segs if s not in data] if placed else segs,
+        # data segments first: piece_segments index into them
+        lineage = Lineage(id=lid, name=name, segments=data + [s for s in segs if s not in data],
                           config=merged_config, checkpoint_steps=checkpoint_steps, step_axis=axis)
-        lineage.pieces = [p.series for p in pieces]
-        lineage.piece_segments = [p.segment_index for p in pieces]
-        lineage.boundaries = infer_boundaries(placed, pieces, metric=metric, checkpoint_steps=checkpoint_steps,
+        lineage.boundaries = infer_boundaries(data, pieces, metric=metric, checkpoint_steps=checkpoint_steps,
                                               declared_steps=list(config.declared_restarts) + list(config.intentional_resets),
                                               config=config.boundaries)
         lineage.pieces = [p.series for p in pieces]  # declared restarts may have cut a piece
