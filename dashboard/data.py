@@ -26,7 +26,7 @@ import pandas as pd
 import streamlit as st
 
 from detectors.model import Lineage, LineageResult, SourceError, SourceRead
-from detectors.pipeline import ScanConfig, ScanResult, _matches, build_lineages, judge_lineage, read_sources
+from detectors.pipeline import ScanConfig, ScanResult, build_lineages, judge_lineage, matches_pattern, read_sources
 from detectors.sources import split_pattern
 from detectors.sources.local import SKIP_DIRS
 
@@ -100,7 +100,7 @@ def read_cached(spec: str, fp: str) -> tuple[SourceRead, str | None]:
 def lineages_cached(spec: str, fp: str, build_key: str, _config: ScanConfig) -> list[Lineage]:
     """The source's training runs (after its ``#PATTERN``); depends on the metric choice, not the thresholds."""
     read, pattern = read_cached(spec, fp)
-    return [lin for lin in build_lineages(read.segments, config=_config) if _matches(pattern, lin)]
+    return [lin for lin in build_lineages(read.segments, config=_config) if matches_pattern(pattern, lin)]
 
 
 @st.cache_resource(max_entries=64, show_spinner=False)
