@@ -64,7 +64,9 @@ _CONFIG_TAGS = {"config", "hparams", "args"}
 """Text summaries read as config. ``args`` is what the Hugging Face Trainer (and so TRL) writes:
 its TrainingArguments JSON, which holds keys such as ``sync_ref_model``."""
 
-_EVENT_NAME = re.compile(r"tfevents\.(?P<time>\d+)\.(?P<host>.+?)(?:\.(?P<pid>\d+))?(?:\.(?P<n>\d+))?(?:\.v2)?$")
+_EVENT_NAME = re.compile(
+    r"tfevents\.(?P<time>\d+)\.(?P<host>.+?)(?:\.(?P<pid>\d+))?(?:\.(?P<n>\d+))?(?:\.v2)?$")
+"""``events.out.tfevents.<time>.<host>[.<pid>.<n>]``: the pid tells two processes apart."""
 
 
 def _run_folder(path: Path, ref: str) -> str:
@@ -156,9 +158,9 @@ def read_tensorboard_file(path: Path, *, ref: str, source: str) -> list[Segment]
     dstart, dlen = _frame(data, ref=ref, warnings=warnings)
     buf = np.frombuffer(data, dtype=np.uint8)
 
-    # Most records are one plain scalar: decode those with numpy, the rest with protobuf.
-    fast = _fast_simple_values(buf, dstart=dstart, dlen=dlen)
-    state = _SlowState()
+    # Most records are one scalar: decode those with numpy, the rest with protobuf.
+    fast = _fast_scalars(buf, dstart=dstart, dlen=dlen)
+    state = _State()
     from_string = event_pb2.Event.FromString
     slow_idx = np.flatnonzero(~fast.matched)
     for i, a, ln in zip(slow_idx.tolist(), dstart[slow_idx].tolist(), dlen[slow_idx].tolist()):
@@ -167,20 +169,11 @@ def read_tensorboard_file(path: Path, *, ref: str, source: str) -> list[Segment]
         except DecodeError as exc:
             raise ReadError(f"record {i} at byte {a - 12} is not a valid Event protobuf: {exc}") from exc
         _read_event(event, index=i, state=state, ref=ref)
+    fast_codes, fast_plugins, fast_named = _fast_tags_and_plugins(fast, buf=buf, state=state)
+    series = _assemble(fast=fast, fast_codes=fast_codes, fast_plugins=fast_plugins,
+                       fast_named=fast_named, state=state, ref=ref, warnings=warnings)
 
     first = from_string(data[dstart[0]:dstart[0] + dlen[0]])  # CRC-checked above
-    fast_tags = fast.tags(data)
-    raw_tags = state.raw_tags
-    for t in set(fast_tags) - raw_tags.keys():
-        try:
-            name = t.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ReadError(f"a scalar's tag is not valid UTF-8: {t!r}") from exc
-        raw_tags[t] = state.tag_code.setdefault(name, len(state.tag_code))
-    fast_codes = np.fromiter(map(raw_tags.__getitem__, fast_tags), dtype=np.int64,
-                             count=len(fast_tags))
-    series = _assemble(fast=fast, fast_codes=fast_codes, state=state, ref=ref, warnings=warnings)
-
     meta: dict[str, Any] = {"file": Path(path).name, "records": int(len(dstart))}
     meta.update(state.meta)
     if state.session_starts:
@@ -214,12 +207,11 @@ def _frame(data: bytes, *, ref: str, warnings: list[str]) -> tuple[np.ndarray, n
         pos += unpack(data, pos)[0] + 16
     if not heads:
         raise ReadError(f"no whole record in the event file: {n} bytes, shorter than a record header")
-    crc = google_crc32c.value
     buf = np.frombuffer(data, dtype=np.uint8)
     h = np.asarray(heads, dtype=np.int64)
     lengths = np.ascontiguousarray(_le(buf, h, 8)).view("<u8")[:, 0].astype(np.int64)
     stored = np.ascontiguousarray(_le(buf, h + 8, 4)).view("<u4")[:, 0]
-    computed = _mask(_crc32c_8(_le(buf, h, 8)))
+    computed = _mask(_crc32c_rows(_le(buf, h, 8)))
     bad = np.flatnonzero(computed != stored)
     if len(bad):
         k = int(bad[0])
@@ -240,8 +232,7 @@ def _frame(data: bytes, *, ref: str, warnings: list[str]) -> tuple[np.ndarray, n
     dlen = lengths[:whole]
     dend = dstart + dlen
     stored = np.ascontiguousarray(_le(buf, dend, 4)).view("<u4")[:, 0]
-    computed = _mask(np.fromiter([crc(data[a:b]) for a, b in zip(dstart.tolist(), dend.tolist())],
-                                 dtype=np.uint64, count=whole))
+    computed = _mask(_crc32c_ranges(data, buf, start=dstart, length=dlen))
     bad = np.flatnonzero(computed != stored)
     if len(bad):
         k = int(bad[0])
@@ -261,16 +252,39 @@ def _byte(buf: np.ndarray, pos: np.ndarray) -> np.ndarray:
     return buf[np.clip(pos, 0, len(buf) - 1)]
 
 
-def _crc32c_8(rows: np.ndarray) -> np.ndarray:
-    """crc32c of each row of an (N, 8) uint8 array, table-driven over all rows at once.
+def _crc32c_rows(rows: np.ndarray) -> np.ndarray:
+    """crc32c of each row of an (N, L) uint8 array: table-driven, one numpy step per column.
 
-    The length headers are all 8 bytes, so numpy does them in 8 vector steps instead of one C call
-    per record.
+    Short records come in a few lengths, so all records of one length are checked together in L
+    vector steps instead of one C call per record (the per-call overhead is what costs).
     """
+    cols = np.ascontiguousarray(rows.T)
     crc = np.full(len(rows), 0xFFFFFFFF, dtype=np.uint32)
-    for i in range(rows.shape[1]):
-        crc = _CRC_TABLE[(crc ^ rows[:, i]) & 0xFF] ^ (crc >> 8)
+    for col in cols:
+        crc = _CRC_TABLE[(crc ^ col) & 0xFF] ^ (crc >> 8)
     return crc ^ np.uint32(0xFFFFFFFF)
+
+
+def _crc32c_ranges(data: bytes, buf: np.ndarray, *, start: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """crc32c of each byte range: numpy for the many short ranges of one length, C for the rest."""
+    out = np.empty(len(start), dtype=np.uint32)
+    done = np.zeros(len(start), dtype=bool)
+    short = length <= _BULK_CRC_MAX
+    sizes, counts = np.unique(length[short], return_counts=True)
+    for size in sizes[counts >= _BULK_CRC_MIN_ROWS].tolist():
+        rows = np.flatnonzero(length == size)
+        out[rows] = _crc32c_rows(_le(buf, start[rows], size)) if size else 0
+        done[rows] = True
+    rest = np.flatnonzero(~done)
+    crc = google_crc32c.value
+    out[rest] = np.fromiter([crc(data[a:a + n]) for a, n in
+                             zip(start[rest].tolist(), length[rest].tolist())],
+                            dtype=np.uint32, count=len(rest))
+    return out
+
+
+_BULK_CRC_MAX = 256
+_BULK_CRC_MIN_ROWS = 64
 
 
 def _crc_table() -> np.ndarray:
@@ -289,97 +303,151 @@ def _mask(crc: np.ndarray) -> np.ndarray:
     return ((((crc >> 15) | (crc << 17)) & _U32) + _MASK_DELTA) & _U32
 
 
+# Plugin codes of a point: a simple_value is a scalar whatever its metadata says; a tensor takes the
+# plugin named by its own metadata, else by the last earlier value of its tag that named one.
+_SIMPLE = -2
+_INHERIT = -1
+
+
 class _Fast:
-    """Records decoded without protobuf: ``Event{wall_time, step, summary{value{tag, simple_value}}}``."""
+    """Records decoded without protobuf: ``Event{wall_time, step, summary{value{tag, scalar}}}``."""
 
     def __init__(self, n: int) -> None:
+        empty = np.empty(0, dtype=np.int64)
         self.matched = np.zeros(n, dtype=bool)
-        self.index = np.empty(0, dtype=np.int64)
-        self.steps = np.empty(0, dtype=np.int64)
-        self.values = np.empty(0, dtype=np.float64)
-        self.walls = np.empty(0, dtype=np.float64)
-        self.tag_start = np.empty(0, dtype=np.int64)
-        self.tag_end = np.empty(0, dtype=np.int64)
-
-    def tags(self, data: bytes) -> list[bytes]:
-        return [data[a:b] for a, b in zip(self.tag_start.tolist(), self.tag_end.tolist())]
+        self.index = self.steps = self.tag_start = self.tag_end = empty
+        self.values = self.walls = np.empty(0, dtype=np.float64)
+        self.tensor = np.empty(0, dtype=bool)
+        """A v2 float tensor (its plugin decides) rather than a ``simple_value``."""
+        self.md_start = self.md_end = empty
+        """The tensor's SummaryMetadata bytes (``md_start == md_end``: none)."""
 
 
-def _fast_simple_values(buf: np.ndarray, *, dstart: np.ndarray, dlen: np.ndarray) -> _Fast:
+def _varint2(buf: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A varint of one or two bytes at each position: (value, bytes used, well formed)."""
+    b0 = _byte(buf, pos).astype(np.int64)
+    b1 = _byte(buf, pos + 1).astype(np.int64)
+    two = b0 >= 0x80
+    return np.where(two, (b0 & 0x7F) | (b1 << 7), b0), np.where(two, 2, 1), ~two | (b1 < 0x80)
+
+
+_FLOAT_TENSOR_HEAD = np.array([0x42, 0x0A, 0x08, 0x01, 0x12, 0x00], dtype=np.uint8)
+
+
+def _fast_scalars(buf: np.ndarray, *, dstart: np.ndarray, dlen: np.ndarray) -> _Fast:
     """Decode, with numpy over all records at once, the records that are exactly one scalar.
 
-    A record is taken only when its bytes match this layout completely (every tag byte, every
-    length, nothing left over), so its meaning is the one protobuf would give it:
-    ``09 <f64 wall_time> [10 <varint step>] 2a L1 0a L2 0a L3 <tag> 15 <f32 value>``.
-    Everything else (file_version, v2 tensors, text, several values per event) goes to protobuf.
+    A record is taken only when its bytes match one of these layouts completely (every field tag,
+    every length, nothing left over), so its meaning is the one protobuf would give it::
+
+        09 <f64 wall_time> [10 <varint step>] 2a L1 0a L2 0a L3 <tag> VALUE
+        VALUE = 15 <f32>                                  simple_value (torch, tensorboardX)
+              | 42 0a 08 01 12 00 (2a|22) 04 <f32> [4a Lm <SummaryMetadata>]
+                                                          a DT_FLOAT scalar tensor (TF2, summary.Writer)
+
+    Everything else (file_version, text, hparams, other dtypes, several values) goes to protobuf.
     """
     out = _Fast(len(dstart))
-    st = dstart
     end = dstart + dlen
-    m = (dlen >= 20) & (_byte(buf, st) == 0x09)
-    if not m.any():
+    idx = np.flatnonzero((dlen >= 20) & (_byte(buf, dstart) == 0x09))
+    if not len(idx):
         return out
-    idx = np.flatnonzero(m)
-    st, end = st[idx], end[idx]
-    walls = np.ascontiguousarray(_le(buf, st + 1, 8)).view("<f8")[:, 0]
+    st, end = dstart[idx], end[idx]
+    walls = _le(buf, st + 1, 8).view("<f8")[:, 0]
     p = st + 9
     has_step = _byte(buf, p) == 0x10
     raw = _le(buf, p + 1, 10)
     term = raw < 0x80  # the last byte of a varint has its high bit clear
     vlen = term.argmax(axis=1) + 1
-    ok_varint = term.any(axis=1) & ((vlen < 10) | (raw[:, 9] <= 1))
+    ok = ~has_step | (term.any(axis=1) & ((vlen < 10) | (raw[:, 9] <= 1)))
     steps = np.zeros(len(idx), dtype=np.uint64)
     for i in range(int(vlen[has_step].max()) if has_step.any() else 0):  # few bytes: small steps
         part = (raw[:, i] & 0x7F).astype(np.uint64) << np.uint64(7 * i)
         steps |= np.where(i < vlen, part, np.uint64(0))
     steps = np.where(has_step, steps.view(np.int64), 0)
-    ok = np.where(has_step, ok_varint, True)
     p = np.where(has_step, p + 1 + vlen, p)
-    ok &= _byte(buf, p) == 0x2A
-    l1 = _byte(buf, p + 1).astype(np.int64)
-    ok &= (l1 < 128) & (p + 2 + l1 == end)
-    q = p + 2
-    ok &= _byte(buf, q) == 0x0A
-    l2 = _byte(buf, q + 1).astype(np.int64)
-    ok &= (l2 < 128) & (q + 2 + l2 == end)
-    r = q + 2
-    ok &= _byte(buf, r) == 0x0A
-    l3 = _byte(buf, r + 1).astype(np.int64)
-    s = r + 2 + l3
-    ok &= (l3 > 0) & (l3 < 128) & (s + 5 == end)
-    ok &= _byte(buf, s) == 0x15
-    values = np.ascontiguousarray(_le(buf, s + 1, 4)).view("<f4")[:, 0].astype(np.float64)
+    for field in (0x2A, 0x0A):  # Event.summary, then Summary.value: each must run to the end
+        ok &= _byte(buf, p) == field
+        length, used, good = _varint2(buf, p + 1)
+        p = p + 1 + used
+        ok &= good & (p + length == end)
+    ok &= _byte(buf, p) == 0x0A  # Value.tag
+    tag_len, used, good = _varint2(buf, p + 1)
+    tag_start = p + 1 + used
+    s = tag_start + tag_len
+    ok &= good & (tag_len > 0)
+
+    simple = (_byte(buf, s) == 0x15) & (s + 5 == end)
+    head = _le(buf, s, 8)
+    tensor = ((head[:, :6] == _FLOAT_TENSOR_HEAD).all(axis=1)
+              & ((head[:, 6] == 0x2A) | (head[:, 6] == 0x22)) & (head[:, 7] == 0x04))
+    u = s + 12
+    md_len, used, good = _varint2(buf, u + 1)
+    with_md = (_byte(buf, u) == 0x4A) & good & (u + 1 + used + md_len == end)
+    tensor &= (u == end) | with_md
+    ok &= simple | tensor
+    value_at = np.where(simple, s + 1, s + 8)
+    values = _le(buf, value_at, 4).view("<f4")[:, 0].astype(np.float64)
 
     out.matched[idx[ok]] = True
     out.index = idx[ok]
     out.steps = steps[ok]
     out.values = values[ok]
     out.walls = walls[ok]
-    out.tag_start = (r + 2)[ok]
+    out.tag_start = tag_start[ok]
     out.tag_end = s[ok]
+    out.tensor = (tensor & ~simple)[ok]
+    md = with_md & tensor & ~simple
+    out.md_start = np.where(md, u + 1 + used, end)[ok]
+    out.md_end = end[ok]
     return out
 
 
-class _SlowState:
-    """What the protobuf path gathers while it walks the records it is given, in file order."""
+class _State:
+    """What the protobuf path gathers, record by record in file order, and the tag/plugin codes
+    both paths share."""
 
     def __init__(self) -> None:
         self.tag_code: dict[str, int] = {}
         self.raw_tags: dict[bytes, int] = {}
+        self.plugin_code: dict[str, int] = {}
+        self.md_plugin: dict[bytes, int] = {}
+        # points: record index, position in the record, tag code, plugin code, step, value, clock
         self.index: list[int] = []
         self.sub: list[int] = []
         self.codes: list[int] = []
+        self.plugins: list[int] = []
         self.steps: list[int] = []
         self.values: list[float] = []
         self.walls: list[float] = []
+        # every value whose metadata names a plugin: (record index, position, tag code, plugin code)
+        self.named: list[tuple[int, int, int, int]] = []
         self.plugin_of: dict[str, str] = {}
         self.config: dict[str, Any] = {}
         self.meta: dict[str, Any] = {}
         self.warnings: list[str] = []
         self.session_starts: list[int] = []
 
+    def code(self, tag: str) -> int:
+        code = self.tag_code.get(tag)
+        if code is None:
+            code = self.tag_code[tag] = len(self.tag_code)
+            self.raw_tags[tag.encode("utf-8")] = code
+        return code
 
-def _read_event(event: Any, *, index: int, state: _SlowState, ref: str) -> None:
+    def plugin(self, name: str) -> int:
+        return self.plugin_code.setdefault(name, len(self.plugin_code))
+
+
+def _plugin_name(md: Any) -> str:
+    """The plugin a SummaryMetadata names; a scalar data class counts as ``scalars``."""
+    name = md.plugin_data.plugin_name
+    if not name and md.data_class == _DATA_CLASS_SCALAR:
+        return "scalars"
+    return name
+
+
+def _read_event(event: Any, *, index: int, state: _State, ref: str) -> None:
     """Take the scalars, config texts and hparams out of one Event."""
     what = event.WhichOneof("what")
     if what != "summary":
@@ -393,25 +461,20 @@ def _read_event(event: Any, *, index: int, state: _SlowState, ref: str) -> None:
     for sub, value in enumerate(event.summary.value):
         tag = value.tag
         kind = value.WhichOneof("value")
+        named = _plugin_name(value.metadata) if value.HasField("metadata") else ""
+        if named:
+            state.plugin_of[tag] = named
+            state.named.append((index, sub, state.code(tag), state.plugin(named)))
         if kind == "simple_value":
             number = value.simple_value
+            plugin_code = _SIMPLE
         elif kind == "tensor":
-            if value.HasField("metadata"):
-                md = value.metadata
-                plugin = md.plugin_data.plugin_name
-                if not plugin and md.data_class == _DATA_CLASS_SCALAR:
-                    plugin = "scalars"
-                if plugin or tag not in state.plugin_of:
-                    state.plugin_of[tag] = plugin
-            else:  # TF writes the metadata with the first value of a tag only
-                plugin = state.plugin_of.get(tag, "")
+            plugin = state.plugin_of.get(tag, "")
             if plugin in _NON_SCALAR_PLUGINS:
                 if plugin == "text":
                     _read_config_text(tag, value.tensor, state, ref)
                 elif plugin == "hparams":
                     _read_hparams(value.metadata.plugin_data.content, state, ref)
-                continue
-            if plugin not in ("", "scalars"):
                 continue
             got = _tensor_scalar(value.tensor)
             if got is None:
@@ -419,38 +482,131 @@ def _read_event(event: Any, *, index: int, state: _SlowState, ref: str) -> None:
                     _read_config_text(tag, value.tensor, state, ref)
                 continue
             number = got
+            plugin_code = state.plugin(named) if named else _INHERIT
         else:  # no payload: tensorboardX writes its hparams summaries as bare metadata
-            if value.HasField("metadata") and value.metadata.plugin_data.plugin_name == "hparams":
+            if named == "hparams":
                 _read_hparams(value.metadata.plugin_data.content, state, ref)
             continue
-        code = state.tag_code.get(tag)
-        if code is None:
-            code = state.tag_code[tag] = len(state.tag_code)
-            state.raw_tags[tag.encode("utf-8")] = code
         state.index.append(index)
         state.sub.append(sub)
-        state.codes.append(code)
+        state.codes.append(state.code(tag))
+        state.plugins.append(plugin_code)
         state.steps.append(step)
         state.values.append(number)
         state.walls.append(wall)
 
 
-def _assemble(*, fast: _Fast, fast_codes: np.ndarray, state: _SlowState, ref: str,
-              warnings: list[str]) -> dict[str, Series]:
+def _distinct_slices(buf: np.ndarray, *, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, list[bytes]]:
+    """Group byte ranges by content without a Python step per range: (group of each, group bytes).
+
+    Ranges of one length are hashed with numpy; every range is then compared byte for byte with
+    its group's first, so a hash collision can only cost time (the exact ``np.unique`` below),
+    never a wrong grouping.
+    """
+    lengths = end - start
+    inverse = np.empty(len(start), dtype=np.int64)
+    blobs: list[bytes] = []
+    for length in np.unique(lengths).tolist():
+        rows = np.flatnonzero(lengths == length)
+        if length == 0:
+            inverse[rows] = len(blobs)
+            blobs.append(b"")
+            continue
+        mat = _le(buf, start[rows], length)
+        h = np.zeros(len(rows), dtype=np.uint64)
+        for j in range(length):
+            h = h * np.uint64(1099511628211) + mat[:, j]
+        _, first, inv = np.unique(h, return_index=True, return_inverse=True)
+        if not (mat == mat[first][inv]).all():
+            _, first, inv = np.unique(mat, axis=0, return_index=True, return_inverse=True)
+        inverse[rows] = inv.ravel() + len(blobs)
+        blobs.extend(mat[f].tobytes() for f in first.tolist())
+    return inverse, blobs
+
+
+def _fast_tags_and_plugins(fast: _Fast, *, buf: np.ndarray, state: _State
+                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For the bulk-decoded points: tag codes, plugin codes (from each tensor's own metadata), and
+    the (record index, 0, tag code, plugin code) rows of those whose metadata names a plugin."""
+    from tensorboard.compat.proto import summary_pb2
+
+    group, blobs = _distinct_slices(buf, start=fast.tag_start, end=fast.tag_end)
+    blob_code = np.empty(len(blobs), dtype=np.int64)
+    for k, t in enumerate(blobs):
+        try:
+            blob_code[k] = state.code(t.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ReadError(f"a scalar's tag is not valid UTF-8: {t!r}") from exc
+    codes = blob_code[group]
+
+    plugins = np.where(fast.tensor, _INHERIT, _SIMPLE).astype(np.int64)
+    with_md = np.flatnonzero(fast.md_start < fast.md_end)
+    group, blobs = _distinct_slices(buf, start=fast.md_start[with_md], end=fast.md_end[with_md])
+    blob_code = np.empty(len(blobs), dtype=np.int64)
+    for k, blob in enumerate(blobs):
+        try:
+            name = _plugin_name(summary_pb2.SummaryMetadata.FromString(blob))
+        except DecodeError as exc:
+            first = int(fast.index[with_md[np.flatnonzero(group == k)[0]]])
+            raise ReadError(f"record {first}: unreadable summary metadata: {exc}") from exc
+        blob_code[k] = state.plugin(name) if name else _INHERIT
+    plugins[with_md] = blob_code[group]
+    named = with_md[plugins[with_md] >= 0]
+    named_rows = np.stack([fast.index[named], np.zeros(len(named), np.int64), codes[named],
+                           plugins[named]], axis=1)
+    return codes, plugins, named_rows
+
+
+def _resolve_plugins(*, index: np.ndarray, sub: np.ndarray, codes: np.ndarray, plugins: np.ndarray,
+                     named: np.ndarray, state: _State) -> np.ndarray:
+    """Which points are scalars: a tensor whose own metadata names no plugin takes the plugin last
+    named for its tag before it (TF writes the metadata with a tag's first value only)."""
+    keep_codes = {state.plugin_code[n] for n in ("", "scalars") if n in state.plugin_code}
+    keep = (plugins == _SIMPLE) | np.isin(plugins, list(keep_codes))
+    inherit = np.flatnonzero(plugins == _INHERIT)
+    if not len(inherit):
+        return keep
+    keep[inherit] = True  # a tag no metadata ever named: a legacy scalar tensor
+    if not len(named):
+        return keep
+    named = named[np.lexsort((named[:, 1], named[:, 0]))]
+    order_key = index * 4096 + np.minimum(sub, 4095)
+    named_key = named[:, 0] * 4096 + np.minimum(named[:, 1], 4095)
+    for tag in np.unique(codes[inherit]):
+        rows = inherit[codes[inherit] == tag]
+        mine = named[:, 2] == tag
+        if not mine.any():
+            continue
+        keys, names = named_key[mine], named[mine, 3]
+        at = np.searchsorted(keys, order_key[rows], side="right") - 1
+        has = at >= 0
+        keep[rows[has]] = np.isin(names[at[has]], list(keep_codes))
+    return keep
+
+
+def _assemble(*, fast: _Fast, fast_codes: np.ndarray, fast_plugins: np.ndarray,
+              fast_named: np.ndarray, state: _State, ref: str, warnings: list[str]) -> dict[str, Series]:
     """Merge both paths back into file order and cut one Series per tag (first-seen tag first)."""
     index = np.concatenate([fast.index, np.asarray(state.index, dtype=np.int64)])
     sub = np.concatenate([np.zeros(len(fast.index), np.int64), np.asarray(state.sub, np.int64)])
     codes = np.concatenate([fast_codes, np.asarray(state.codes, dtype=np.int64)])
+    plugins = np.concatenate([fast_plugins, np.asarray(state.plugins, dtype=np.int64)])
     steps = np.concatenate([fast.steps, np.asarray(state.steps, dtype=np.int64)])
     values = np.concatenate([fast.values, np.asarray(state.values, dtype=np.float64)])
     walls = np.concatenate([fast.walls, np.asarray(state.walls, dtype=np.float64)])
     if len(state.index) and len(fast.index):  # each path alone is already in file order
         order = np.lexsort((sub, index))
-        codes, steps, values, walls = codes[order], steps[order], values[order], walls[order]
+        index, sub, codes, plugins = index[order], sub[order], codes[order], plugins[order]
+        steps, values, walls = steps[order], values[order], walls[order]
+    named = np.concatenate([fast_named, np.asarray(state.named, dtype=np.int64).reshape(-1, 4)])
+    keep = _resolve_plugins(index=index, sub=sub, codes=codes, plugins=plugins, named=named,
+                            state=state)
+    if not keep.all():
+        codes, steps, values, walls = codes[keep], steps[keep], values[keep], walls[keep]
     names = {c: t for t, c in state.tag_code.items()}
     by_tag = np.argsort(codes, kind="stable")
     uniq, first, counts = np.unique(codes, return_index=True, return_counts=True)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]) if len(counts) else counts
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     series: dict[str, Series] = {}
     for k in np.argsort(first, kind="stable"):
         sel = by_tag[starts[k]:starts[k] + counts[k]]
@@ -466,7 +622,7 @@ def _assemble(*, fast: _Fast, fast_codes: np.ndarray, state: _SlowState, ref: st
     return series
 
 
-def _read_config_text(tag: str, tensor: Any, state: _SlowState, ref: str) -> None:
+def _read_config_text(tag: str, tensor: Any, state: _State, ref: str) -> None:
     """A text summary named like a config, holding JSON, is merged into the Segment's config."""
     name = _config_name(tag)
     if name is None or not tensor.string_val:
@@ -484,7 +640,7 @@ def _read_config_text(tag: str, tensor: Any, state: _SlowState, ref: str) -> Non
         state.config[name] = parsed
 
 
-def _read_hparams(content: bytes, state: _SlowState, ref: str) -> None:
+def _read_hparams(content: bytes, state: _State, ref: str) -> None:
     try:
         hparams, group = _hparams_config(content)
     except DecodeError:

@@ -126,9 +126,18 @@ def test_non_scalar_plugins_and_tensors_are_not_series(tmp_path: Path) -> None:
         scalar_event("h", 2, T0 + 1, tensor_util.make_tensor_proto(np.float32(2.0))),  # inherits
         scalar_event("vec", 1, T0, tensor_util.make_tensor_proto(np.zeros(3, np.float32)), SCALARS_MD),
         scalar_event("kl", 1, T0, tensor_util.make_tensor_proto(np.float32(0.5)), SCALARS_MD),
+        # the plugin named by a double (protobuf path) holds for later floats (bulk path)
+        scalar_event("g", 1, T0, tensor_util.make_tensor_proto(np.float64(1.0)), hist_md),
+        scalar_event("g", 2, T0 + 1, tensor_util.make_tensor_proto(np.float32(2.0))),
+        scalar_event("kl", 2, T0 + 1, tensor_util.make_tensor_proto(np.float32(0.25))),
+        # shaped like a float scalar but its 4 bytes are int_val: a DT_FLOAT with no float
+        scalar_event("bogus", 1, T0, tensor_pb2.TensorProto(
+            dtype=1, tensor_shape=tensor_shape_pb2.TensorShapeProto(), int_val=[1, 2, 3, 4]),
+            SCALARS_MD),
     ]
     seg = read_one(write_events(tmp_path, events), tmp_path)
     assert list(seg.series) == ["kl"]
+    assert seg.series["kl"].values.tolist() == [0.5, 0.25]
 
 
 def test_records_of_both_paths_merge_in_file_order(tmp_path: Path) -> None:
@@ -185,17 +194,20 @@ def test_truncated_file_keeps_whole_records_and_warns(tmp_path: Path, write_tbx,
 
 
 @pytest.mark.parametrize("where", ["data", "length"])
+@pytest.mark.parametrize("points", [10, 100], ids=["few", "many"])  # C and numpy CRC paths
 def test_flipped_byte_fails_with_an_error_naming_the_crc_problem(tmp_path: Path, write_tbx,
-                                                                 where: str) -> None:
-    path = write_tbx(tmp_path, [("kl", s, s / 10, T0 + s) for s in range(10)])
+                                                                 where: str, points: int) -> None:
+    path = write_tbx(tmp_path, [("kl", s, s / 10, T0 + s) for s in range(points)])
     data = bytearray(path.read_bytes())
     size = last_record_size(5, 0.5, T0 + 5, "kl")
-    at = len(data) - 4 * size + (20 if where == "data" else 3)  # inside the 7th record
+    at = len(data) - 4 * size + (20 if where == "data" else 3)  # inside the 4th record from the end
+    assert len(read_one(path, tmp_path).series["kl"]) == points  # the intact file reads
     data[at] ^= 0x40
     path.write_bytes(bytes(data))
     with pytest.raises(ReadError, match="CRC mismatch") as info:
         read_one(path, tmp_path)
     assert ("length header" if where == "length" else "data of record") in str(info.value)
+    assert f"record {points + 1 - 4}" in str(info.value)  # file_version is record 0
 
 
 def test_not_an_event_file_fails_naming_the_crc_problem(tmp_path: Path) -> None:
@@ -284,5 +296,6 @@ def test_discovery_reads_nested_event_files_and_isolates_a_bad_one(tmp_path: Pat
     assert got.kinds == ["tensorboard"] and got.errors == []
     good = {s.run_id: s for s in got.segments if s.error is None}
     assert {k: len(s.series["kl"]) for k, s in good.items()} == {"a/b/c/d/e": 3, "v2run": 4}
+    assert good["v2run"].meta["pid"] == os.getpid()  # from the file name: tells processes apart
     (broken,) = [s for s in got.segments if s.error is not None]
     assert broken.error.startswith(os.path.join("broken", bad.name)) and "empty" in broken.error
