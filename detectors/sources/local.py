@@ -57,7 +57,7 @@ def is_mlflow_sqlite(path: Path) -> bool:
             if fh.read(16) != b"SQLite format 3\x00":
                 return False
         uri = f"file:{path}?mode=ro"
-        con = sqlite3.connect(uri, uri=True, timeout=2.0)
+        con = sqlite3.connect(uri, uri=True, timeout=0.2)
         try:
             names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         finally:
