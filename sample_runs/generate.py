@@ -391,10 +391,14 @@ def manifest_entry(done: dict[str, Any], *, out: Path) -> dict[str, Any]:
 
 
 def dump_json(obj: Any) -> str:
-    """Indented JSON with lists of scalars kept on one line (a readable, small manifest)."""
+    """Indented JSON with lists of scalars and flat objects (a process, a boundary) on one line each:
+    a manifest a person can read and diff, at a third of the size."""
     text = json.dumps(obj, indent=1)
-    return re.sub(r"\[\s*([^\[\]{}]*?)\s*\]", lambda m: "[" + ", ".join(
-        x.strip() for x in m.group(1).split(",\n")) + "]", text) + "\n"
+    text = re.sub(r"\[\s*([^\[\]{}]*?)\s*\]", lambda m: "[" + ", ".join(
+        x.strip() for x in m.group(1).split(",\n")) + "]", text)
+    text = re.sub(r"\{\n([^{}]*?)\n\s*\}", lambda m: "{" + ", ".join(
+        x.strip() for x in m.group(1).split(",\n")) + "}", text)
+    return text + "\n"
 
 
 def format_table(entries: list[dict[str, Any]]) -> str:

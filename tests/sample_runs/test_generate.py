@@ -139,3 +139,34 @@ def test_generator_writes_event_files_per_process_and_a_manifest_of_what_it_did(
         assert before[max(before)] == pytest.approx(b["kl_last_before"], rel=1e-6)  # float32 in the file
         assert after[b["step"]] == pytest.approx(b["kl_first_after"], rel=1e-6, abs=1e-12)
         assert ratio(after[b["step"]] / before[max(before)])
+
+
+def test_committed_manifest_agrees_with_the_committed_logs() -> None:
+    """What manifest.json claims at every boundary is what the committed event files and MLflow
+    store hold (read back with TensorBoard's loader and SQLite, read-only)."""
+    import sqlite3
+
+    root = REPO / "sample_runs"
+    manifest = json.loads((root / "manifest.json").read_text())
+    con = sqlite3.connect(f"file:{root / 'mlflow' / 'mlflow.db'}?mode=ro", uri=True)
+    checked = 0
+    for run in manifest["runs"]:
+        if run["tracker"] == "tensorboard":
+            pieces = [sorted(logged_kl(root / p["event_files"][0]).items()) for p in run["processes"]]
+        elif run["tracker"] == "mlflow" and run["layout"] == "new-run":
+            pieces = [con.execute("SELECT step, value FROM metrics WHERE run_uuid=? AND key=? ORDER BY timestamp, step",
+                                  (p["run_id"], run["kl_metric"])).fetchall() for p in run["processes"]]
+        else:
+            continue
+        assert [p[0][0] for p in pieces] == [p["first_step"] for p in run["processes"]]
+        assert [p[-1][0] for p in pieces] == [p["last_step"] for p in run["processes"]]
+        for i, b in enumerate(run["boundaries"]):
+            assert pieces[i][-1][1] == pytest.approx(b["kl_last_before"], rel=1e-6)
+            assert pieces[i + 1][0][1] == pytest.approx(b["kl_first_after"], rel=1e-6, abs=1e-12)
+            if b["expected_verdict"] == "reference_reset":
+                assert pieces[i + 1][0][1] < 0.01 * pieces[i][-1][1]
+            if b["expected_verdict"] == "ok":
+                assert pieces[i + 1][0][1] > 0.3 * pieces[i][-1][1]
+        checked += 1
+    con.close()
+    assert checked >= 13
