@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from finding_helpers import SCENARIOS, judge, of
+
+from detectors.pipeline import scan
+
+NAME = "suspected_restart"
+
+
+def one_process_run(*, seed: int, reset_at: int | None = None, weights_lost_at: int | None = None,
+                    kl_off: bool = False, config: dict | None = None, total: int = 200):
+    """A single process (no restart logged) with a reference KL growing from zero, the loss that
+    carries it (plus policy-loss noise), an LR schedule, and noisy grad norm, reward and entropy.
+    ``reset_at``: the reference is rebuilt there (KL falls to ~0 and regrows). ``weights_lost_at``:
+    training starts over from the base model there (reward and entropy go back to their opening
+    levels and learn again, KL with them). ``kl_off``: no KL penalty (KL logged as 0)."""
+    rng = np.random.default_rng(seed)
+    steps = np.arange(1, total + 1)
+    anchor = np.where(steps >= reset_at, reset_at - 1, 0) if reset_at else np.zeros(total)
+    age = steps - (np.where(steps >= weights_lost_at, weights_lost_at - 1, 0) if weights_lost_at else 0)
+    anchor = np.maximum(anchor, steps - age)
+    kl = 0.08 * (1 - np.exp(-(steps - anchor) / 25.0)) * np.exp(rng.normal(0, 0.15, total))
+    kl = np.zeros(total) if kl_off else kl
+    loss = 0.1 * kl + rng.normal(0, 4e-4, total)
+    lr = np.where(steps <= 10, 1e-4 * steps / 10, 1e-4 * (0.55 + 0.45 * np.cos(np.pi * steps / total)))
+    gn = 0.5 * np.exp(rng.normal(0, 0.2, total))
+    reward = 0.2 + 0.5 * (1 - np.exp(-age / 40.0)) + rng.normal(0, 0.03, total)
+    entropy = 1.8 - 0.8 * (1 - np.exp(-age / 40.0)) + rng.normal(0, 0.03, total)
+    series = {"train/kl_penalty": kl, "train/loss": loss, "train/lr": lr, "train/grad_norm": gn,
+              "train/reward": reward, "train/entropy": entropy}
+    return judge([{n: (steps, v) for n, v in series.items()}], config=config, seed=seed)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_unlogged_reference_reset_is_a_suspected_restart_at_its_step(seed):
+    result = one_process_run(seed=seed, reset_at=121)
+    assert result.lineage.boundaries == []
+    [f] = of(result, NAME)
+    assert f.severity == "warning" and abs(f.step - 121) <= 1
+    assert f.data["kl_collapse"] and "--restart" in f.message
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_unlogged_restart_that_lost_the_weights_moves_several_series_and_is_suspected(seed):
+    result = one_process_run(seed=seed, weights_lost_at=121, kl_off=True)
+    assert result.status == "kl_disabled"
+    [f] = of(result, NAME)
+    assert abs(f.step - 121) <= 1 and not f.data["kl_collapse"]
+    assert {s["metric"] for s in f.data["series"]} >= {"train/reward", "train/entropy"}
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_healthy_single_process_is_silent(seed):
+    assert of(one_process_run(seed=seed), NAME) == []
+
+
+def test_reference_resets_declared_in_config_are_not_suspected():
+    assert of(one_process_run(seed=0, reset_at=121, config={"reference_reset_interval": 120}), NAME) == []
+
+
+def _as_table(result, path: Path) -> Path:
+    """Every metric of a judged run in one wide table with no clock and no process column: the run's
+    restarts are no longer in the logs (what a history export looks like)."""
+    rows: dict[int, dict[str, float]] = {}
+    for piece in result.lineage.pieces:
+        for name, s in piece.items():
+            if not name.startswith("_"):
+                for st, v in zip(s.steps.tolist(), s.values.tolist()):
+                    rows.setdefault(st, {})[name] = v
+    frame = pd.DataFrame.from_dict(rows, orient="index").sort_index()
+    frame.index.name = "step"
+    frame.to_csv(path)
+    return path
+
+
+@pytest.mark.parametrize("scenario", ["resume-buggy", "ratchet-buggy"])
+def test_generated_buggy_resumes_exported_without_restart_marks_are_suspected(sample, manifest, tmp_path, scenario):
+    table = _as_table(sample(scenario), tmp_path / f"{scenario}.csv")
+    [result] = scan([str(table)]).results
+    assert result.lineage.boundaries == []
+    resets = [b["step"] for b in manifest(scenario)["boundaries"] if b["expected_verdict"] == "reference_reset"]
+    assert [f.step for f in of(result, NAME)] == resets
+
+
+@pytest.mark.parametrize("scenario", ["continuous", "resume-fixed", "lr-restart", "data-restart"])
+def test_generated_runs_without_a_collapse_exported_the_same_way_are_silent(sample, tmp_path, scenario):
+    table = _as_table(sample(scenario), tmp_path / f"{scenario}.csv")
+    [result] = scan([str(table)]).results
+    assert of(result, NAME) == []
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_silent_on_the_generated_runs_whose_restarts_are_logged(sample, scenario):
+    assert of(sample(scenario), NAME) == []
