@@ -246,6 +246,8 @@ def show_fleet(fleet: data.Fleet, config: ScanConfig) -> None:
         st.plotly_chart(charts.fleet_figure(points, thresholds=config.reference_reset), key="fleet_picture",
                         on_select=_pick_from_picture, selection_mode="points",
                         config={"displaylogo": False})
+    else:
+        st.caption("No resume boundary in these runs: nothing to judge yet.")
     c1, c2 = st.columns([1, 3])
     c1.toggle("Only flagged", key="only_flagged", help="Only runs with a boundary judged reference_reset.")
     c2.multiselect("Status", ALL_STATUSES, key="statuses", placeholder="every status", label_visibility="collapsed")

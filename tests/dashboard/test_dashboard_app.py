@@ -131,3 +131,28 @@ def test_a_bad_source_shows_its_error_and_the_rest_stays_usable(monkeypatch: pyt
     [b for b in at.button if b.key == f"rm::{typo}"][0].click().run()
     assert "src" not in at.query_params
     assert not any(typo in e.value for e in at.error)
+
+
+def test_runs_that_cannot_be_judged_open_and_say_why(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from tensorboardX import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "no-kl"))
+    for step in range(1, 30):
+        writer.add_scalar("train/loss", 1.0 / step, step)
+    writer.close()
+    broken = tmp_path / "broken" / "events.out.tfevents.1700000000.host.1"
+    broken.parent.mkdir()
+    broken.write_bytes(b"\x13\x00\x00\x00 not a record " * 8)
+    ids = {r.lineage.name: r.lineage.id for r in scan([str(tmp_path)]).results}
+    assert len(ids) == 2
+
+    at = _app(monkeypatch, str(tmp_path))
+    assert set(_table(at)["status"]) == {"error", "no_kl_metric"}
+    for name, run_id in ids.items():
+        at = _app(monkeypatch, str(tmp_path), run=run_id)
+        assert not at.exception
+        if "broken" in name:
+            assert any("broken/events.out.tfevents" in e.value for e in at.error)  # the file, named, in place
+        else:
+            assert any("No reference-KL metric" in w.value for w in at.warning)
+            assert len(at.get("plotly_chart")) == 1  # no boundary: no fleet picture; the run chart of its loss
