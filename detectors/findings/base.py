@@ -118,12 +118,6 @@ COUNTERS = MetricFamily(
            "train/total_steps", "consumed_tokens", "train/consumed_tokens", "train/num_samples"),
     leaf=r"consumed_(samples|tokens)|epoch|total_steps|samples_seen|num_samples_seen",
 )
-REWARD = MetricFamily(
-    names=("reward", "train/reward", "critic/score/mean", "critic/rewards/mean", "rewards/mean",
-           "train/reward_mean", "objective/scores", "env/reward_mean", "train/rewards"),
-    leaf=r"(mean_|avg_)?rewards?(_(mean|avg))?|scores?",
-    exclude=r"(kl|std|max|min|eval|val/)",
-)
 PROMPT_LENGTH = MetricFamily(
     names=("prompt_length", "train/prompt_length", "prompt_length/mean", "train/prompt_length/mean",
            "prompt_len", "train/prompt_len", "input_length", "num_prompt_tokens"),
@@ -208,18 +202,10 @@ def log_interval(parts: Sequence[Series | None]) -> int:
     return max(1, int(np.median(d))) if len(d) else 1
 
 
-def robust_diff_noise(values: np.ndarray) -> float:
-    """The step-to-step noise of a series, robust to trends and spikes: the MAD of first differences
-    around their median, scaled to a Gaussian sigma of one point (differences add two noises)."""
-    v = values[np.isfinite(values)]
-    if len(v) < 3:
-        return float("nan")
-    d = np.diff(v)
-    return float(np.median(np.abs(d - np.median(d))) * 1.4826 / np.sqrt(2.0))
-
-
 def pooled_diff_noise(parts: Sequence[np.ndarray]) -> float:
-    """``robust_diff_noise`` over several pieces, never differencing across a boundary."""
+    """The step-to-step noise of a series, robust to trends and spikes, pooled over pieces (never
+    differencing across a boundary): the MAD of first differences around their median, scaled to a
+    Gaussian sigma of one point (a difference adds two noises)."""
     d = [np.diff(p[np.isfinite(p)]) for p in parts if len(p) > 2]
     if not d:
         return float("nan")
