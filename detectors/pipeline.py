@@ -123,6 +123,9 @@ def _kl(piece: dict[str, Series], metric: str) -> Series | None:
     return s
 
 
+_matches = matches_pattern  # old private name, kept while callers move to matches_pattern
+
+
 def judge_lineage(lineage: Lineage, *, config: ScanConfig) -> LineageResult:
     """Give a training run its status and every boundary its verdict."""
     errors = [s.error for s in lineage.segments if s.error]
@@ -135,8 +138,9 @@ def judge_lineage(lineage: Lineage, *, config: ScanConfig) -> LineageResult:
         msg = (f"No reference-KL metric among the {len(names)} logged ({shown or 'none'}); "
                "name it with --metric." if not config.metrics else
                f"No logged metric matches --metric {' '.join(config.metrics)} (logged: {shown or 'none'}).")
-        return LineageResult(lineage, None, "no_kl_metric",
-                             findings=[Finding("kl_metric", None, "warning", msg)])
+        # the other resume-integrity checks do not need a KL: run them all the same
+        return _with_findings(LineageResult(lineage, None, "no_kl_metric",
+                                            findings=[Finding("kl_metric", None, "warning", msg)]), config)
     kl_pieces = [_kl(p, metric) for p in lineage.pieces]
     allkl = np.concatenate([k.values for k in kl_pieces if k is not None]) if any(k is not None for k in kl_pieces) else np.empty(0)
     finite = allkl[np.isfinite(allkl)]
