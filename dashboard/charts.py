@@ -74,8 +74,10 @@ def _thin(series: Series, max_points: int) -> Series:
 
 def _trace(series: Series, *, name: str, color: str, segment: str, metric: str, webgl: bool,
            showlegend: bool, legendgroup: str, axis: int) -> dict:
-    custom = np.stack([_wall_strings(series.wall_times, len(series)), np.full(len(series), segment, dtype=object)],
-                      axis=-1) if len(series) else None
+    # The wall time differs per point; the segment is the trace's own, so it lives in the template
+    # (not repeated per point: the figure's JSON is what every click ships to the browser).
+    custom = _wall_strings(series.wall_times, len(series)) if len(series) else None
+    where = segment.replace("%{", "% {")
     suffix = "" if axis == 1 else str(axis)
     return {
         "type": "scattergl" if webgl else "scatter",
@@ -84,8 +86,8 @@ def _trace(series: Series, *, name: str, color: str, segment: str, metric: str, 
         "name": name, "legendgroup": legendgroup, "showlegend": showlegend,
         "line": {"color": color, "width": 1.6}, "marker": {"color": color, "size": 4},
         "customdata": custom,
-        "hovertemplate": (f"<b>{metric}</b><br>step %{{x}}<br>value %{{y:.4g}}<br>%{{customdata[0]}}"
-                          "<br>segment %{customdata[1]}<extra></extra>"),
+        "hovertemplate": (f"<b>{metric}</b><br>step %{{x}}<br>value %{{y:.4g}}<br>%{{customdata}}"
+                          f"<br>segment {where}<extra></extra>"),
     }
 
 

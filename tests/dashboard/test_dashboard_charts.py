@@ -54,10 +54,11 @@ def test_hover_gives_step_value_wall_time_and_segment(fleet: data.Fleet) -> None
     fig = charts.run_figure(result)
     trace = fig.data[1]  # the second piece: the first process after the first resume
     assert trace.x[0] == 41
-    wall, segment = trace.customdata[0]
+    wall = trace.customdata[0]
     assert wall.startswith("2025-") and wall.endswith("UTC")
-    assert segment == result.lineage.segments[result.lineage.piece_segments[1]].ref
-    assert "step %{x}" in trace.hovertemplate and "%{customdata[1]}" in trace.hovertemplate
+    segment = result.lineage.segments[result.lineage.piece_segments[1]].ref
+    assert f"segment {segment}" in trace.hovertemplate
+    assert "step %{x}" in trace.hovertemplate and "value %{y" in trace.hovertemplate and "%{customdata}" in trace.hovertemplate
 
 
 def _one_long_piece(n: int, drop_at: int) -> LineageResult:
