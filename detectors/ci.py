@@ -18,6 +18,7 @@ from xml.etree import ElementTree as ET
 
 import numpy as np
 import typer
+from rich.markup import escape
 
 from .cli_common import (GroupOpt, IntentOpt, JunitOpt, LineageOpt, MetricOpt, ResetScoreOpt, RestartOpt, SourcesArg,
                          build_config, err, run_scan)
@@ -271,7 +272,7 @@ def check_command(
     try:
         names = parse_fail_on(fail_on)
     except ValueError as exc:
-        err.print(f"[red]error[/] {exc}", highlight=False)
+        err.print("[red]error[/] " + escape(f"{exc}"), highlight=False)
         raise typer.Exit(EXIT_USAGE)
     config = build_config(metric, intentional_reset, restart, group_by, lineage, reset_score)
     result = run_scan(sources, config, show_progress=False)
@@ -294,7 +295,7 @@ def check_command(
             with open(summary, "a", encoding="utf-8") as fh:
                 fh.write(step_summary(result, found))
         except OSError as exc:
-            err.print(f"[yellow]warning[/] cannot append to GITHUB_STEP_SUMMARY {summary}: {exc}", highlight=False)
+            err.print("[yellow]warning[/] " + escape(f"cannot append to GITHUB_STEP_SUMMARY {summary}: {exc}"), highlight=False)
     if junit is not None:
         junit.write_text(junit_with_findings(result, found))
     raise typer.Exit(check_exit_code(result, found))

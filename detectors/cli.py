@@ -20,7 +20,7 @@ from .cli_common import (GroupOpt, IntentOpt, JunitOpt, LineageOpt, MetricOpt, R
 from .reference_reset import ReferenceResetConfig
 from .report import EXIT_USAGE, exit_code, junit_xml, render_markdown, render_table, to_json
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Catch silent bugs at checkpoint/resume boundaries of RL post-training runs.")
 err = Console(stderr=True)
 

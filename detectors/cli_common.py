@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from .boundaries import BoundaryConfig
 from .pipeline import ScanConfig, ScanResult, scan
@@ -18,7 +19,7 @@ from .stitching import StitchConfig, load_lineage_file
 
 err = Console(stderr=True)
 
-SourcesArg = Annotated[list[str], typer.Argument(help="Local paths, wandb://ENTITY/PROJECT[/RUN], mlflow://HOST:PORT[/EXPERIMENT]; "
+SourcesArg = Annotated[list[str], typer.Argument(help="Local paths, wandb://ENTITY/PROJECT or .../RUN_ID, mlflow://HOST:PORT or .../EXPERIMENT; "
                                                        "append #PATTERN to keep matching runs.", show_default=False)]
 MetricOpt = Annotated[Optional[list[str]], typer.Option("--metric", "-m", help="KL metric name or glob (repeatable).")]
 IntentOpt = Annotated[Optional[list[int]], typer.Option("--intentional-reset", help="A step where the reference is reset on purpose (repeatable).")]
@@ -37,7 +38,7 @@ def build_config(metric: list[str] | None, intentional_reset: list[int] | None, 
         try:
             lineage_map = load_lineage_file(str(lineage))
         except (OSError, ValueError) as exc:
-            err.print(f"[red]error[/] --lineage {lineage}: {exc}")
+            err.print("[red]error[/] " + escape(f"--lineage {lineage}: {exc}"), highlight=False)
             raise typer.Exit(EXIT_USAGE)
     rr = ReferenceResetConfig(reset_score=reset_score)
     return ScanConfig(metrics=tuple(metric or ()), intentional_resets=tuple(intentional_reset or ()),
@@ -64,12 +65,12 @@ def report_errors(result: ScanResult) -> None:
     """Every unreadable source or run on stderr, naming it and why."""
     for s in result.sources:
         for e in s.errors:
-            err.print(f"[red]error[/] {e.message}", highlight=False)
+            err.print("[red]error[/] " + escape(f"{e.message}"), highlight=False)
     for r in result.results:
         if r.error:
-            err.print(f"[red]error[/] {r.lineage.name}: {r.error}", highlight=False)
+            err.print("[red]error[/] " + escape(f"{r.lineage.name}: {r.error}"), highlight=False)
         for seg in r.lineage.segments:
             for w in seg.warnings:
-                err.print(f"[yellow]warning[/] {w}", highlight=False)
+                err.print("[yellow]warning[/] " + escape(f"{w}"), highlight=False)
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional, TextIO
 
 import typer
+from rich.markup import escape
 
 from .alerts import Alert, alert_from_verdict, alert_line, backoff_delay, post_webhook, redact_url, scrub, slack_payload
 from .cli_common import GroupOpt, IntentOpt, LineageOpt, MetricOpt, ResetScoreOpt, RestartOpt, SourcesArg, build_config, err
@@ -518,17 +519,17 @@ def watch_command(
     urls = list(webhook or [])
     for u in urls:
         if not u.startswith(("http://", "https://")):
-            err.print(f"[red]error[/] --webhook must be an http(s) URL, not {redact_url(u)!r}", highlight=False)
+            err.print("[red]error[/] " + escape(f"--webhook must be an http(s) URL, not {redact_url(u)!r}"), highlight=False)
             raise typer.Exit(EXIT_USAGE)
     config = build_config(metric, intentional_reset, restart, group_by, lineage, reset_score, findings=False)
     sinks = [Sink.stdout()] + [Sink.webhook(u) for u in dict.fromkeys(urls)]
     try:
         state = AlertState(state_path)
     except StateLocked as exc:
-        err.print(f"[red]error[/] {exc}", highlight=False)
+        err.print("[red]error[/] " + escape(f"{exc}"), highlight=False)
         raise typer.Exit(EXIT_USAGE)
     except sqlite3.Error as exc:
-        err.print(f"[red]error[/] cannot use --state {state_path}: {exc}", highlight=False)
+        err.print("[red]error[/] " + escape(f"cannot use --state {state_path}: {exc}"), highlight=False)
         raise typer.Exit(EXIT_USAGE)
     orphaned = state.pending_elsewhere({s.id for s in sinks})
     if orphaned:
@@ -570,7 +571,7 @@ def _show_errors(result: ScanResult, shown: set[str]) -> None:
     for m in msgs:
         if m not in shown:
             shown.add(m)
-            err.print(f"[red]error[/] {m}", highlight=False)
+            err.print("[red]error[/] " + escape(f"{m}"), highlight=False)
 
 
 def _show_pass(report: PassReport, state: AlertState) -> None:

@@ -150,3 +150,16 @@ def test_scan_never_modifies_what_it_reads(runs):
     before = digest()
     klwatch("scan", runs, "--format", "json")
     assert digest() == before
+
+
+@pytest.mark.parametrize("command", ["scan", "check", "watch", "compare", "dashboard"])
+def test_every_command_has_working_help(command):
+    out = klwatch(command, "--help")
+    assert out.returncode == 0, out.stderr
+    assert "Usage" in out.stdout
+
+
+def test_error_messages_with_brackets_are_printed_verbatim(tmp_path):
+    out = klwatch("scan", tmp_path / "[exp]" / "missing")
+    assert out.returncode == 2
+    assert "[exp]" in out.stderr
