@@ -7,10 +7,12 @@ Why not ``tf.data``: TensorFlow is far too heavy a dependency for reading a fram
 An event file is a TFRecord stream: ``uint64 length | masked crc32c(length) | data | masked
 crc32c(data)``, little-endian, each ``data`` a serialized ``tensorboard.Event``. Speed matters
 (a long run is millions of points), so the per-record Python work is kept to the one sequential
-step, following the lengths: the 8-byte length CRCs are computed with numpy for all records at
-once, the data CRCs with ``google-crc32c`` (C), and records that are exactly one plain
-``simple_value`` scalar (what torch and tensorboardX write) are decoded with numpy in bulk; only the
-others (v2 tensor scalars, text, hparams) are parsed with the ``tensorboard`` protobufs.
+step, following the lengths. CRCs are computed with numpy over all records of one length at once
+(length headers, and the short scalar records, which come in a handful of lengths), and with
+``google-crc32c`` (C) for the rest. Records that are exactly one scalar (a ``simple_value`` as
+torch and tensorboardX write, or a float tensor as TF2 and ``tensorboard.summary.Writer`` write)
+are decoded with numpy in bulk after an exact byte-layout match; all others (text, hparams, other
+dtypes) are parsed with the ``tensorboard`` protobufs.
 Each event file becomes one Segment: a restart writes a new file, so a file is a process.
 """
 
