@@ -30,8 +30,9 @@ pytestmark = [
 
 
 def _sources(tmp_path: Path) -> list[str]:
+    """The repository's sample runs when their logs are there (folders beside the generator), else a tmp fleet."""
     sample = REPO / "sample_runs"
-    if any(p.is_dir() and not p.name.startswith(("_", ".")) for p in sample.glob("*")) if sample.is_dir() else False:
+    if sample.is_dir() and any(p.is_dir() and not p.name.startswith(("_", ".")) for p in sample.iterdir()):
         return [str(sample)]
     return [str(write_fleet(tmp_path / "runs"))]
 
