@@ -7,6 +7,7 @@ Runs on ``sample_runs/`` when it holds a flagged run, else on a small fleet writ
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -84,7 +85,7 @@ def test_flagged_run_opens_from_the_fleet_table_with_its_resume_markers(tmp_path
     with running_dashboard(sources, log=tmp_path / "dashboard.log", timeout=60) as url, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1200})
+            page = browser.new_page(viewport={"width": 1440, "height": 1200}, accept_downloads=True)
             page.goto(url, timeout=WAIT_MS)
             page.locator("[data-testid=stDataFrame] table[role=grid]").first.wait_for(state="attached", timeout=WAIT_MS)
             _settled(page)
@@ -109,6 +110,13 @@ def test_flagged_run_opens_from_the_fleet_table_with_its_resume_markers(tmp_path
             assert resets, markers
             assert len(markers) == int(rows[flagged[0]]["resumes"])  # one label per resume boundary
             assert page.locator(".st-key-run_chart g.shapelayer path").count() >= len(markers)
+
+            # the JSON report downloads from the page, with the flagged run flagged
+            with page.expect_download(timeout=WAIT_MS) as download:
+                page.get_by_role("button", name="Download JSON report").click()
+            report = json.loads(Path(download.value.path()).read_text())
+            assert report["schema"] == "klwatch.report/1"
+            assert bad_name in {lin["name"] for lin in report["lineages"] if lin["status"] == "reference_reset"}
 
             # the link is the view: opening the URL again shows the same run
             link = page.url
