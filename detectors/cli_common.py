@@ -64,11 +64,14 @@ def run_scan(sources: list[str], config: ScanConfig, *, show_progress: bool = Tr
 def report_errors(result: ScanResult) -> None:
     """Every unreadable source or run on stderr, naming it and why."""
     for s in result.sources:
+        for w in s.warnings:
+            err.print("[yellow]warning[/] " + escape(w), highlight=False)
         for e in s.errors:
             err.print("[red]error[/] " + escape(f"{e.message}"), highlight=False)
     for r in result.results:
         if r.error:
-            err.print("[red]error[/] " + escape(f"{r.lineage.name}: {r.error}"), highlight=False)
+            msg = r.error if r.error.startswith(r.lineage.name) else f"{r.lineage.name}: {r.error}"
+            err.print("[red]error[/] " + escape(msg), highlight=False)
         for seg in r.lineage.segments:
             for w in seg.warnings:
                 err.print("[yellow]warning[/] " + escape(f"{w}"), highlight=False)

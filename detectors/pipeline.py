@@ -54,7 +54,7 @@ class ScanResult:
 
     @property
     def nothing_read(self) -> bool:
-        return not any(s.segments for s in self.sources)
+        return not any(not seg.error for s in self.sources for seg in s.segments)
 
 
 def read_sources(specs: Sequence[str], *, progress: Callable[[str], None] | None = None) -> list[tuple[SourceRead, str | None]]:

@@ -92,7 +92,8 @@ def to_dict(result: ScanResult) -> dict[str, Any]:
         "tool_version": __version__,
         "generated_at": result.generated_at,
         "sources": [{"spec": s.spec, "kinds": list(s.kinds),
-                     "error": "; ".join(e.message for e in s.errors) or None} for s in result.sources],
+                     "error": "; ".join(e.message for e in s.errors) or None,
+                     "warnings": list(s.warnings)} for s in result.sources],
         "lineages": [lineage_dict(r) for r in result.results],
     }
 

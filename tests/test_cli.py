@@ -163,3 +163,18 @@ def test_error_messages_with_brackets_are_printed_verbatim(tmp_path):
     out = klwatch("scan", tmp_path / "[exp]" / "missing")
     assert out.returncode == 2
     assert "[exp]" in out.stderr
+
+
+def test_a_dataset_file_in_a_run_tree_is_skipped_but_an_error_when_named(runs, tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "data").mkdir(parents=True)
+    (tree / "data" / "prompts.jsonl").write_text('{"prompt": "2+2?", "answer": "4"}\n')
+    import shutil
+
+    shutil.copytree(runs / "grpo-fixed", tree / "grpo-fixed")
+    out = klwatch("scan", tree, "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert "prompts.jsonl" in out.stderr and "skipped" in out.stderr
+    named = klwatch("scan", tree / "data" / "prompts.jsonl", "--format", "json")
+    assert named.returncode == 2
+    assert "prompts.jsonl" in named.stderr and "no step column" in named.stderr

@@ -26,6 +26,11 @@ class ReadError(Exception):
     """A file or run that cannot be read; the message says why (the caller adds which)."""
 
 
+class NotALog(ReadError):
+    """A file that was found in a tree but holds no run (a dataset of prompts, say): skipped with a
+    warning when met during a folder walk, an error only when the user named the file."""
+
+
 def is_wandb_run_dir(path: Path) -> bool:
     name = path.name
     if not (name.startswith("run-") or name.startswith("offline-run-")):
@@ -96,7 +101,7 @@ def read_local(spec: str) -> SourceRead:
 
     def visit_file(p: Path) -> None:
         name = p.name
-        if "tfevents" in name:
+        if name.startswith("events.out.tfevents") and not name.endswith(".profile-empty"):
             tb_files.append(p)
         elif p.suffix in TABLE_SUFFIXES:
             tables.append(p)
@@ -131,6 +136,11 @@ def read_local(spec: str) -> SourceRead:
         ref = _rel(path, base, spec)
         try:
             segs = reader(path, ref=ref, source=spec)
+        except NotALog as exc:
+            if path != root:
+                out.warnings.append(f"{ref}: skipped, {exc}")
+                return
+            segs = [Segment(kind=kind, ref=ref, source=spec, store=str(path), error=f"{ref}: {exc}")]
         except (ReadError, OSError, ValueError, sqlite3.Error) as exc:
             segs = [Segment(kind=kind, ref=ref, source=spec, store=str(path), error=f"{ref}: {exc}")]
         except Exception as exc:  # reader bug: still name the file, keep going

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import Segment, Series
-from .local import ReadError
+from .local import NotALog, ReadError
 
 STEP_COLUMNS = ("step", "_step", "global_step", "train/global_step", "iteration")
 WALL_COLUMNS = ("wall_time", "_timestamp", "timestamp", "time")
@@ -231,6 +231,8 @@ def _segments(columns: dict[str, _Column], *, nrows: int, path: Path, ref: str, 
               warnings: list[str]) -> list[Segment]:
     step_name = _find(columns, STEP_COLUMNS)
     if step_name is None:
+        if not any(c.numeric.any() for c in columns.values()):
+            raise NotALog(f"not a metrics table: no step column and no numeric column (columns: {_names(columns)})")
         raise ReadError(f"no step column (looked for {', '.join(STEP_COLUMNS)}, any case); "
                         f"columns found: {_names(columns)}")
     step_col = columns[step_name]
