@@ -10,6 +10,7 @@ which klwatch must not mistake for the reference KL.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -93,7 +94,9 @@ class TensorboardXWriter:
         from tensorboardX import SummaryWriter
 
         before = set(logdir.glob("events.out.tfevents.*")) if logdir.exists() else set()
-        self.writer = SummaryWriter(logdir=str(logdir), flush_secs=1)
+        # tensorboardX names files by the second: two launches in one second would share a file,
+        # so the pid goes in the name, as torch's own SummaryWriter does
+        self.writer = SummaryWriter(logdir=str(logdir), flush_secs=1, filename_suffix=f".{os.getpid()}")
         self.writer.add_text("config", json.dumps(config, sort_keys=True), global_step=first_step)
         self.writer.flush()
         self.files = sorted(set(logdir.glob("events.out.tfevents.*")) - before)

@@ -19,27 +19,9 @@ from typer.testing import CliRunner
 from detectors.ci import assert_no_reference_reset, sparkline
 from detectors.cli import app
 from detectors.pipeline import ScanConfig, scan
+from tb_runs import write_run
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def write_run(folder: Path, *, resumes: list[int], buggy: bool, last: int = 90, seed: int = 0) -> None:
-    """One training run as TensorBoard logs it: a new event file per process."""
-    from tensorboardX import SummaryWriter
-
-    rng = np.random.default_rng(seed)
-    starts, ends = [1] + [r + 1 for r in resumes], resumes + [last]
-    ref, wall = 0, 1_700_000_000.0
-    for k, (a, b) in enumerate(zip(starts, ends)):
-        if k and buggy:
-            ref = a - 1
-        w = SummaryWriter(str(folder), filename_suffix=f".p{k}")
-        for s in range(a, b + 1):
-            w.add_scalar("train/kl_penalty", 0.05 * (1 - np.exp(-(s - ref) / 8.0)) * np.exp(rng.normal(0, 0.1)), s,
-                         walltime=wall)
-            wall += 5.0
-        w.close()
-        wall += 900.0
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from spec_shape import check_report
+from tb_runs import write_run
 
 KLWATCH = [sys.executable, "-m", "detectors.cli"]
 
@@ -21,27 +22,6 @@ KLWATCH = [sys.executable, "-m", "detectors.cli"]
 def klwatch(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([*KLWATCH, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=120,
                           env={**os.environ, "COLUMNS": "200"})
-
-
-def write_run(folder: Path, *, resumes: list[int], buggy: bool, last: int = 90, metric: str = "train/kl_penalty",
-              seed: int = 0, kl_scale: float = 0.05) -> None:
-    """One training run as TensorBoard logs it: a new event file per process in the run's folder."""
-    from tensorboardX import SummaryWriter
-
-    rng = np.random.default_rng(seed)
-    starts, ends = [1] + [r + 1 for r in resumes], resumes + [last]
-    ref, wall = 0, 1_700_000_000.0
-    for k, (a, b) in enumerate(zip(starts, ends)):
-        if k and buggy:
-            ref = a - 1
-        w = SummaryWriter(str(folder), filename_suffix=f".p{k}")
-        for s in range(a, b + 1):
-            kl = kl_scale * (1 - np.exp(-(s - ref) / 8.0)) * np.exp(rng.normal(0, 0.1))
-            w.add_scalar(metric, kl, s, walltime=wall)
-            w.add_scalar("train/loss", 1.0 / s, s, walltime=wall)
-            wall += 5.0
-        w.close()
-        wall += 900.0
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ noise (independent seeds, float32 storage, one outlier)."""
 from __future__ import annotations
 
 import json
+import shutil
 import re
 import subprocess
 import sys
@@ -194,17 +195,15 @@ def test_a_source_that_is_not_exactly_one_run_is_bad_usage(tb_runs):
     assert fmt.exit_code == 2
 
 
-def test_control_in_tensorboard_resumed_in_mlflow(tmp_path_factory):
+def test_control_in_tensorboard_resumed_in_mlflow(tb_runs, tmp_path_factory):
     """Across trackers: the generator's MLflow flavour of the same config (verl-style names, float64
     storage, an adaptive KL controller) is close to the TensorBoard control but not equal; the fixed
-    resume must still agree with it and the buggy one part from it. Control and resumed come from one
-    generation: the committed sample_runs/ when present, else a fresh one (slow: MLflow logging)."""
-    samples = REPO / "sample_runs"
-    if (samples / "manifest.json").exists() and (samples / "mlflow" / "mlflow.db").exists():
-        out = samples
-    else:
-        out = tmp_path_factory.mktemp("gen-cross")
-        generate(out, "continuous,resume-fixed,resume-buggy", "tensorboard,mlflow", "--layouts", "new-file,new-run")
+    resume must still agree with it and the buggy one part from it. The MLflow runs are generated
+    here with the same config as the TensorBoard control (the committed samples keep MLflow small)."""
+    out = tmp_path_factory.mktemp("gen-cross")
+    generate(out, "resume-fixed,resume-buggy", "mlflow", "--layouts", "new-run")
+    (out / "tensorboard").mkdir()
+    shutil.copytree(tb_runs[0] / "tensorboard" / "continuous", out / "tensorboard" / "continuous")
     manifest = json.loads((out / "manifest.json").read_text())
     control, db = out / "tensorboard" / "continuous", out / "mlflow" / "mlflow.db"
     fixed = klwatch("compare", control, f"{db}#resume-fixed.new-run", "-f", "json")

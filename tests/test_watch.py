@@ -22,30 +22,11 @@ from detectors.pipeline import ScanConfig
 from detectors.sources.local import read_local
 from detectors.watch import AlertState, LocalReadCache, Sink, StateLocked, judge_sources, watch_pass
 from test_alerts import Receiver
+from tb_runs import write_run
 
 REPO = Path(__file__).resolve().parents[1]
 KLWATCH = [sys.executable, "-m", "detectors.cli"]
 ENV = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
-
-
-def write_run(folder: Path, *, resumes: list[int], buggy: bool, last: int = 60, seed: int = 0,
-              start_wall: float = 1_700_000_000.0) -> None:
-    """One training run as TensorBoard logs it: a new event file per process."""
-    from tensorboardX import SummaryWriter
-
-    rng = np.random.default_rng(seed)
-    starts, ends = [1] + [r + 1 for r in resumes], resumes + [last]
-    ref, wall = 0, start_wall
-    for k, (a, b) in enumerate(zip(starts, ends)):
-        if k and buggy:
-            ref = a - 1
-        w = SummaryWriter(str(folder), filename_suffix=f".p{k}")
-        for s in range(a, b + 1):
-            w.add_scalar("train/kl_penalty", 0.05 * (1 - np.exp(-(s - ref) / 8.0)) * np.exp(rng.normal(0, 0.1)), s,
-                         walltime=wall)
-            wall += 5.0
-        w.close()
-        wall += 900.0
 
 
 def klwatch(*args: object) -> Result:
