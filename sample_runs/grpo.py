@@ -12,7 +12,10 @@ shifted by the position; odd positions: the last prompt token). The policy is a 
 sparse one-hot features of (position × first token, position × last token, previous token, position,
 prompt length); it samples autoregressively. Each step samples a group of responses per prompt,
 normalises rewards within each group (GRPO advantages), and takes one Adam step per minibatch on
-the clipped surrogate plus ``kl_coef`` × the k3 KL estimator against the reference.
+the clipped surrogate plus ``kl_coef`` × the k3 KL estimator against the reference. Before each
+minibatch's update it measures, as PPO/GRPO frameworks do, how far the earlier updates of the step
+moved the policy from the one that sampled: the k3 approx-KL(old ‖ new) and the clip fraction. That is
+the size of the optimizer's step, which is what fresh Adam moments at a resume inflate.
 
 Everything that a resume must carry over is explicit state and goes into the checkpoint: weights,
 Adam moments and count, the LR scheduler's step, the data sampler's position, the sampling RNG and
@@ -259,7 +262,8 @@ class StepLog:
 
     step: int
     kl: float
-    ppo_kl: float
+    approx_kl: float
+    clipfrac: float
     loss: float
     pg_loss: float
     reward: float
@@ -317,7 +321,7 @@ def train_step(state: TrainState, ref: np.ndarray, *, cfg: TrainConfig, dataset:
 
     lr = state.scheduler.lr(cfg)
     beta = state.kl_ctrl.value
-    kls, ppo_kls, losses, pg_losses, gnorms = [], [], [], [], []
+    kls, approx_kls, clipfracs, losses, pg_losses, gnorms = [], [], [], [], [], []
     per_mb = len(seqs) // cfg.minibatches
     for mb in range(cfg.minibatches):
         sl = slice(mb * per_mb, (mb + 1) * per_mb)
@@ -326,7 +330,8 @@ def train_step(state: TrainState, ref: np.ndarray, *, cfg: TrainConfig, dataset:
         ref_logp, _, _ = _token_logp(ref, f, a)
         old = old_logp[sl].reshape(-1)
         A = np.repeat(adv[sl], RESPONSE_LEN)
-        ratio = np.exp(logp - old)
+        log_ratio = logp - old
+        ratio = np.exp(log_ratio)
         unclipped = ratio * A
         clipped = np.clip(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * A
         pg_loss = float(-np.mean(np.minimum(unclipped, clipped)))
@@ -345,7 +350,10 @@ def train_step(state: TrainState, ref: np.ndarray, *, cfg: TrainConfig, dataset:
             grad *= cfg.max_grad_norm / gnorm
         state.adam.step(state.weights, grad, lr=lr, cfg=cfg)
         kls.append(kl)
-        ppo_kls.append(float(np.mean(old - logp)))
+        # how far the earlier minibatches of this step moved the policy (old -> current), measured
+        # before this minibatch's update: the first minibatch always sees ratio 1
+        approx_kls.append(float(np.mean(ratio - 1.0 - log_ratio)))  # k3 estimate of KL(old || new), >= 0
+        clipfracs.append(float(np.mean(np.abs(ratio - 1.0) > cfg.clip_eps)))
         losses.append(pg_loss + beta * kl)
         pg_losses.append(pg_loss)
         gnorms.append(gnorm)
@@ -357,7 +365,8 @@ def train_step(state: TrainState, ref: np.ndarray, *, cfg: TrainConfig, dataset:
     return StepLog(
         step=state.step,
         kl=kl_step,
-        ppo_kl=float(np.mean(ppo_kls)),
+        approx_kl=float(np.mean(approx_kls)),
+        clipfrac=float(np.mean(clipfracs)),
         loss=float(np.mean(losses)),
         pg_loss=float(np.mean(pg_losses)),
         reward=float(rewards.mean()),

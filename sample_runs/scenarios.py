@@ -97,8 +97,9 @@ def build(*, steps: int) -> dict[str, Scenario]:
                  "the LR jumps back to its warm-up value",
                  _resumes([crash], order="fixed", lose=("scheduler",)), base,
                  faults=("lr_schedule_restart",), tb_writer="tensorboard"),
-        Scenario("optimizer-reset", "correct reference, but fresh Adam moments at the resume "
-                 "(in this small model the effect on grad norm / loss is slight)",
+        Scenario("optimizer-reset", "correct reference, but fresh Adam moments at the resume: the first "
+                 "updates are ~lr*sign(g), so the policy's step (approx-KL old vs new) jumps about tenfold "
+                 "while grad norm and loss barely move",
                  _resumes([crash], order="fixed", lose=("optimizer",)), base,
                  faults=("optimizer_state_lost",)),
         Scenario("data-restart", "correct reference, but the data sampler's position is not restored: "

@@ -4,7 +4,8 @@ Why: klwatch's defaults (which metric is the reference KL, which look-alike to l
 series is the step axis) must be exercised on the names real frameworks log, written by the real
 clients: TensorBoard runs speak NeMo-RL, W&B runs speak TRL, MLflow runs speak verl. Each flavour
 also logs a policy-vs-old-policy KL (``approxkl`` / ``ppo_kl``), which does not reset at a resume and
-which klwatch must not mistake for the reference KL.
+which klwatch must not mistake for the reference KL, and the PPO clip fraction: together they measure
+how far each step moved the policy, which is what fresh Adam moments at a resume inflate.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def flavour_metrics(log: StepLog, *, flavour: Flavour, adaptive_kl: bool) -> dic
             "train/entropy": log.entropy,
             "train/consumed_samples": float(log.consumed_samples),
             "train/mean_prompt_length": log.prompt_length,
-            "train/approxkl": log.ppo_kl,
+            "train/approxkl": log.approx_kl,
+            "train/clipfrac": log.clipfrac,
         }
         if adaptive_kl:
             m["train/kl_coef"] = log.kl_coef
@@ -60,7 +62,8 @@ def flavour_metrics(log: StepLog, *, flavour: Flavour, adaptive_kl: bool) -> dic
             "train/entropy": log.entropy,
             "train/global_step": float(log.step),
             "train/epoch": log.epoch,
-            "policy/approxkl_avg": log.ppo_kl,
+            "policy/approxkl_avg": log.approx_kl,
+            "policy/clipfrac_avg": log.clipfrac,
         }
         if adaptive_kl:
             m["train/kl_coef"] = log.kl_coef
@@ -72,7 +75,8 @@ def flavour_metrics(log: StepLog, *, flavour: Flavour, adaptive_kl: bool) -> dic
         "actor/grad_norm": log.grad_norm,
         "actor/entropy": log.entropy,
         "actor/pg_loss": log.pg_loss,
-        "actor/ppo_kl": log.ppo_kl,
+        "actor/ppo_kl": log.approx_kl,
+        "actor/pg_clipfrac": log.clipfrac,
         "critic/score/mean": log.reward,
         "training/global_step": float(log.step),
         "consumed_samples": float(log.consumed_samples),

@@ -87,6 +87,8 @@ def test_checkpoint_round_trips_the_full_training_state(tmp_path: Path) -> None:
          and before.lr > 2 * after.lr),
         (["sampler"], lambda before, after, cfg: after.consumed_samples == cfg.prompts_per_step),
         (["kl_controller"], lambda before, after, cfg: after.kl_coef == cfg.kl_coef != before.kl_coef),
+        # fresh Adam moments: the first update is ~lr*sign(g), a far larger policy step per unit of LR²
+        (["optimizer"], lambda before, after, cfg: after.approx_kl / after.lr**2 > 5 * before.approx_kl / before.lr**2),
     ],
 )
 def test_lost_state_at_resume_shows_in_the_logged_series(tmp_path: Path, lose, check) -> None:
@@ -97,6 +99,38 @@ def test_lost_state_at_resume_shows_in_the_logged_series(tmp_path: Path, lose, c
     ])
     by_step = {s.step: s for s in logs}
     assert check(by_step[20], by_step[21], cfg)
+
+
+def test_policy_change_metrics_measure_the_earlier_minibatches_of_the_step() -> None:
+    """approx-KL and clip fraction compare each minibatch's policy with the rollout policy, before that
+    minibatch's update: with one minibatch there is nothing to measure, with more the earlier updates show."""
+    dataset = grpo.make_dataset(size=CFG.dataset_size, seed=CFG.dataset_seed)
+    for minibatches in (1, 2, 4):
+        cfg = replace(CFG, minibatches=minibatches)
+        state = grpo.TrainState.fresh(cfg)
+        ref = state.weights.copy()
+        logs = [grpo.train_step(state, ref, cfg=cfg, dataset=dataset) for _ in range(6)]
+        assert all(0.0 <= s.clipfrac <= 1.0 for s in logs)
+        if minibatches == 1:
+            assert all(s.approx_kl == 0.0 and s.clipfrac == 0.0 for s in logs)
+        else:
+            assert all(s.approx_kl > 0.0 for s in logs)  # k3 is nonnegative, and the policy did move
+
+
+def test_a_resume_with_fresh_adam_moments_takes_a_first_step_like_the_runs_very_first(tmp_path: Path) -> None:
+    """Zero moments make Adam's normalised step m/sqrt(v) = ±1, as at the run's first update; a warm
+    optimizer's is far smaller, so the approx-KL per unit of LR² jumps back to the opening value."""
+    def size(logs: list[grpo.StepLog]) -> dict[int, float]:
+        return {s.step: s.approx_kl / s.lr**2 for s in logs}
+
+    lost = size(run_launches(tmp_path / "lost", cfg=CFG, launches=[
+        {"resume_from": None, "stop_after": 20}, {"resume_from": 20, "stop_after": None, "lose": ["optimizer"]}]))
+    kept = size(run_launches(tmp_path / "kept", cfg=CFG, launches=[
+        {"resume_from": None, "stop_after": 20}, {"resume_from": 20, "stop_after": None}]))
+    steady = float(np.median([kept[s] for s in range(10, 21)]))
+    assert lost[1] > 5 * steady  # the run's own first update
+    assert lost[21] > 5 * steady and lost[21] > 5 * kept[21] and lost[21] > 0.5 * lost[1]
+    assert kept[21] < 2 * steady
 
 
 def logged_kl(path: Path) -> dict[int, float]:
