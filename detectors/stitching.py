@@ -76,7 +76,9 @@ def _key(seg: Segment, config: StitchConfig) -> str:
         if config.group_by in flat:
             return f"by:{flat[config.group_by]}"
     if seg.kind == "tensorboard":
-        return f"dir:{seg.group or seg.run_id or seg.ref}"
+        # NeMo-RL and others open a new folder per launch (logs/exp_001, logs/exp_002): strip the counter
+        folder = seg.group or seg.run_id or seg.ref
+        return "dir:" + "/".join(base_name(part) or part for part in PurePosixPath(folder).parts)
     if seg.group:
         return f"group:{seg.group}"
     if seg.name:
@@ -147,7 +149,8 @@ def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig()) ->
         if seg.kind == "checkpoints":
             checkpoints.append(seg)
             continue
-        store = (seg.source, seg.store or seg.source)
+        # event files of one source are one store: their folders are the keys
+        store = (seg.source, seg.source if seg.kind == "tensorboard" else (seg.store or seg.source))
         by_store.setdefault(store, {}).setdefault(_key(seg, config), []).append(seg)
 
     lineages: list[tuple[str, str, list[Segment]]] = []
@@ -161,6 +164,8 @@ def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig()) ->
                     lid += f"#{n + 1}"
                     name += f" #{n + 1}"
                 lineages.append((lid, name, chain))
+    if not config.lineage_map and not config.group_by:
+        lineages = _join_continuations(lineages)
 
     for ck in checkpoints:
         target = _checkpoint_owner(ck, lineages)
@@ -169,6 +174,51 @@ def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig()) ->
         else:
             lineages.append((f"checkpoints:{ck.ref}", ck.name or ck.ref, [ck]))
     return out + lineages
+
+
+def _join_continuations(lineages: list[tuple[str, str, list[Segment]]]) -> list[tuple[str, str, list[Segment]]]:
+    """Join a run that starts mid-way to the one it continues, whatever their names.
+
+    A relaunch can get a fresh random name (``happy-sky-12``) and no group. If a piece begins at a
+    later step, in the same store, after another run ended there, with a config that agrees, and that
+    run reached the step it resumes from, it is that run's continuation (issue: "the step axis of one
+    continuing where another's checkpoint left off"). Only a unique candidate is joined.
+    """
+    def span(chain: list[Segment]) -> tuple[int | None, int | None, float | None, float | None]:
+        firsts = [s.step_range()[0] for s in chain if s.step_range()[0] is not None]
+        lasts = [s.step_range()[1] for s in chain if s.step_range()[1] is not None]
+        starts = [_span(s)[0] for s in chain if _span(s)[0] is not None]
+        ends = [_span(s)[1] for s in chain if _span(s)[1] is not None]
+        return (min(firsts) if firsts else None, max(lasts) if lasts else None,
+                min(starts) if starts else None, max(ends) if ends else None)
+
+    out = list(lineages)
+    changed = True
+    while changed:
+        changed = False
+        for i, (lid, name, chain) in enumerate(out):
+            first, _, start, _ = span(chain)
+            if first is None or start is None or first <= 1:
+                continue
+            store = (chain[0].source, chain[0].store if chain[0].kind != "tensorboard" else chain[0].source, chain[0].kind)
+            candidates = []
+            for j, (_, _, other) in enumerate(out):
+                if j == i or (other[0].source, other[0].store if other[0].kind != "tensorboard" else other[0].source,
+                              other[0].kind) != store:
+                    continue
+                o_first, o_last, _, o_end = span(other)
+                if None in (o_first, o_last, o_end) or o_end > start:  # type: ignore[operator]
+                    continue
+                if o_first < first <= o_last + 1 and configs_agree(other[-1].config, chain[0].config):  # type: ignore[operator]
+                    candidates.append((o_end, j))
+            if len(candidates) == 1:
+                j = candidates[0][1]
+                olid, oname, other = out[j]
+                out[j] = (olid, oname, other + chain)
+                del out[i]
+                changed = True
+                break
+    return out
 
 
 def _common_depth(a: str, b: str) -> int:
@@ -207,7 +257,7 @@ def _lineage_name(key: str, chain: list[Segment]) -> str:
         return rest
     first = chain[0]
     if kind == "dir":
-        return rest
+        return first.group or rest
     return first.group or first.name or rest
 
 

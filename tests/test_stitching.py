@@ -57,7 +57,8 @@ def test_different_stores_are_never_stitched():
 
 
 def test_group_by_and_lineage_file_override_the_heuristics():
-    segs = [seg("a", "x", 1, 40, 0, config={"exp": "e1"}), seg("b", "y", 41, 80, 1000, config={"exp": "e1"})]
+    # two unrelated names, and b starts over at step 1: the heuristics keep them apart
+    segs = [seg("a", "x", 1, 40, 0, config={"exp": "e1"}), seg("b", "y", 1, 80, 1000, config={"exp": "e1"})]
     assert groups(segs) == [["a"], ["b"]]
     assert groups(segs, config=StitchConfig(group_by="exp")) == [["a", "b"]]
     assert groups(segs, config=StitchConfig(lineage_map={"mine": ["a", "b"]})) == [["a", "b"]]
@@ -73,3 +74,30 @@ def test_an_unreadable_run_stays_its_own_entry():
     bad = Segment(kind="tensorboard", ref="x/events.out.tfevents.1", source="src", error="x: bad CRC")
     out = stitch([seg("a", "grpo", 1, 40, 0), bad])
     assert [segs for _, _, segs in out if bad in segs] == [[bad]]
+
+
+def test_a_new_tensorboard_folder_per_launch_is_one_training_run():
+    segs = [seg("e1", None, 1, 40, 0, kind="tensorboard", group="logs/exp_001/tensorboard"),
+            seg("e2", None, 41, 80, 1000, kind="tensorboard", group="logs/exp_002/tensorboard")]
+    for s in segs:
+        s.store = f"/abs/{s.group}"
+    out = stitch(segs)
+    assert [sorted(x.ref for x in segs) for _, _, segs in out] == [["e1", "e2"]]
+    assert out[0][1] == "logs/exp_001/tensorboard"
+
+
+def test_seeds_in_numbered_folders_stay_separate_runs():
+    segs = [seg("s1", None, 1, 40, 0, kind="tensorboard", group="sweep/seed_1"),
+            seg("s2", None, 1, 40, 1000, kind="tensorboard", group="sweep/seed_2")]
+    assert groups(segs) == [["s1"], ["s2"]]
+
+
+def test_a_relaunch_with_a_random_name_joins_the_run_it_continues():
+    segs = [seg("a", "happy-sky-12", 1, 40, 0), seg("b", "brave-moon-13", 41, 80, 1000),
+            seg("c", "other-run-3", 1, 30, 5000, config={"lr": 9.0, "model": "other"})]
+    assert groups(segs) == [["a", "b"], ["c"]]
+
+
+def test_a_continuation_with_two_possible_parents_is_left_alone():
+    segs = [seg("a", "x1", 1, 40, 0), seg("b", "y1", 1, 45, 10), seg("c", "z1", 41, 80, 1000)]
+    assert groups(segs) == [["a"], ["b"], ["c"]]
