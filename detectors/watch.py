@@ -2,9 +2,9 @@
 
 Three parts, each for one reason:
 
-- ``LocalReadCache`` reads a local SOURCE the way ``detectors.sources.local`` does, but re-reads
-  only the files (or run folders, stores) whose size or mtime changed since the last poll and
-  reuses the Segments of the rest. Remote sources (``wandb://``, ``mlflow://``) are read in full
+- ``LocalReadCache`` reads a local SOURCE with ``detectors.sources.local.read_local`` itself, but
+  re-reads only the files (or run folders, stores) whose size or mtime changed since the last poll
+  and reuses the Segments of the rest. Remote sources (``wandb://``, ``mlflow://``) are read in full
   at every poll: their readers fetch whole histories and expose no "since step N" query.
 - ``AlertState`` is the watcher's memory, a SQLite file. An alert is recorded (one row, unique on
   lineage id + boundary step + verdict) together with one pending delivery per sink, in one
@@ -26,13 +26,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
-import importlib
 import os
 import signal
 import sqlite3
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Optional, TextIO
@@ -42,28 +41,16 @@ from rich.markup import escape
 
 from .alerts import Alert, alert_from_verdict, alert_line, backoff_delay, post_webhook, redact_url, scrub, slack_payload
 from .cli_common import GroupOpt, IntentOpt, LineageOpt, MetricOpt, ResetScoreOpt, RestartOpt, SourcesArg, build_config, err
-from .model import Segment, SegmentKind, SourceError, SourceRead
+from .model import Segment, SourceError, SourceRead
 from .pipeline import ScanConfig, ScanResult, matches_pattern, build_lineages, judge_lineage
 from .reference_reset import ReferenceResetConfig
 from .report import EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
 from .sources import read_source, split_pattern
-from .sources.local import CHECKPOINT_DIR, SKIP_DIRS, TABLE_SUFFIXES, is_mlflow_sqlite, is_mlruns_dir, is_wandb_run_dir
+from .sources.local import CHECKPOINT_DIR, Unit, UnitRead, read_local, read_unit
 
 DEFAULT_STATE = ".klwatch-state.db"
 
 # ----------------------------------------------------------------------------- incremental reads
-
-# kind of unit -> (segment kind, reader module under detectors.sources, reader function); the order
-# is the order ``read_local`` reads them in, so the Segments come out in the same order.
-_UNIT_READERS: dict[str, tuple[SegmentKind, str, str]] = {
-    "tensorboard": ("tensorboard", "tensorboard", "read_tensorboard_file"),
-    "table": ("table", "tables", "read_table"),
-    "wandb": ("wandb-offline", "wandb_log", "read_wandb_run_dir"),
-    "mlflow-sqlite": ("mlflow", "mlflow_local", "read_mlflow_sqlite"),
-    "mlruns": ("mlflow", "mlflow_local", "read_mlruns"),
-    "checkpoints": ("checkpoints", "checkpoints", "read_checkpoint_dir"),
-}
-
 
 @dataclass
 class ReadStats:
@@ -75,44 +62,6 @@ class ReadStats:
     """True when the source was read in full (remote, or a local source the cache cannot split)."""
 
 
-def _discover(root: Path, spec: str, errors: list[SourceError]) -> list[tuple[str, Path]]:
-    """The readable units under ``root``, found exactly as ``read_local`` finds them."""
-    found: dict[str, list[Path]] = {k: [] for k in _UNIT_READERS}
-    checkpoint_parents: set[Path] = set()
-
-    def visit_file(p: Path) -> None:
-        if "tfevents" in p.name:
-            found["tensorboard"].append(p)
-        elif p.suffix in TABLE_SUFFIXES:
-            found["table"].append(p)
-        elif p.suffix == ".db" and is_mlflow_sqlite(p):
-            found["mlflow-sqlite"].append(p)
-
-    if root.is_file():
-        visit_file(root)
-    else:
-        for dirpath, dirnames, filenames in os.walk(root, onerror=lambda e: errors.append(
-                SourceError(spec, f"cannot list {e.filename}: {e.strerror}", ref=str(e.filename)))):
-            d = Path(dirpath)
-            if is_wandb_run_dir(d):
-                found["wandb"].append(d)
-                dirnames[:] = []
-                continue
-            if is_mlruns_dir(d):
-                found["mlruns"].append(d)
-                dirnames[:] = []
-                continue
-            if CHECKPOINT_DIR.match(d.name):
-                checkpoint_parents.add(d.parent)
-                dirnames[:] = []
-                continue
-            dirnames[:] = sorted(n for n in dirnames if n not in SKIP_DIRS)
-            for f in sorted(filenames):
-                visit_file(d / f)
-    found["checkpoints"] = list(checkpoint_parents)
-    return [(kind, p) for kind in _UNIT_READERS for p in sorted(found[kind])]
-
-
 def _stat(p: Path) -> tuple[int, int]:
     try:
         st = p.stat()
@@ -121,13 +70,14 @@ def _stat(p: Path) -> tuple[int, int]:
         return -1, -1
 
 
-def _fingerprint(kind: str, path: Path) -> tuple[Any, ...]:
+def _fingerprint(unit: Unit) -> tuple[Any, ...]:
     """Changes whenever what the unit's reader would read changes (size or mtime of its files)."""
-    if kind in ("tensorboard", "table"):
-        return _stat(path)
-    if kind == "mlflow-sqlite":  # a live MLflow writer may hold recent rows in the WAL
+    path = unit.path
+    if unit.kind == "mlflow" and path.is_file():  # a SQLite store: a live writer may hold recent rows in the WAL
         return _stat(path) + _stat(path.with_name(path.name + "-wal"))
-    if kind == "checkpoints":  # the checkpoint folders and their top-level files, never the weights
+    if unit.kind in ("tensorboard", "table"):
+        return _stat(path)
+    if unit.kind == "checkpoints":  # the checkpoint folders and their top-level files, never the weights
         out: list[Any] = [_stat(path)]
         with contextlib.suppress(OSError):
             for d in sorted(path.iterdir()):
@@ -142,16 +92,6 @@ def _fingerprint(kind: str, path: Path) -> tuple[Any, ...]:
             p = Path(dirpath) / f
             out.append((str(p.relative_to(path)), _stat(p)))
     return tuple(sorted(out))
-
-
-def _ref(path: Path, base: Path, root: Path) -> str:
-    """The unit's ref, as ``read_local`` names it."""
-    if path == root:
-        return path.name if root.is_file() else "."
-    try:
-        return str(path.relative_to(base))
-    except ValueError:
-        return str(path)
 
 
 def _copy_segment(seg: Segment) -> Segment:
@@ -170,7 +110,7 @@ class LocalReadCache:
     """Reads SOURCEs for the watcher, re-reading only what changed on disk since the last poll."""
 
     def __init__(self) -> None:
-        self._units: dict[tuple[str, str, str], tuple[tuple[Any, ...], list[Segment]]] = {}
+        self._units: dict[tuple[str, str, str], tuple[tuple[Any, ...], UnitRead]] = {}
         self.stats: dict[str, ReadStats] = {}
 
     def read(self, spec: str) -> SourceRead:
@@ -185,57 +125,28 @@ class LocalReadCache:
             return read_source(spec)
 
     def _read_local(self, spec: str) -> SourceRead:
-        root = Path(spec).expanduser()
-        out = SourceRead(spec=spec)
+        """``read_local`` itself, with each unit whose fingerprint is unchanged served from the cache."""
         stats = self.stats[spec] = ReadStats()
-        if not root.exists():
-            out.errors.append(SourceError(spec, f"no such file or folder: {spec}"))
-            return out
-        if not os.access(root, os.R_OK):
-            out.errors.append(SourceError(spec, f"permission denied: {spec}"))
-            return out
-        base = root if root.is_dir() else root.parent
-        units = _discover(root, spec, out.errors)
         live: set[tuple[str, str, str]] = set()
-        for kind, path in units:
-            seg_kind, module, func = _UNIT_READERS[kind]
-            key = (spec, kind, str(path))
+
+        def cached_read_unit(unit: Unit, *, root: Path, spec: str) -> UnitRead:
+            key = (spec, unit.kind, str(unit.path))
             live.add(key)
-            fp = _fingerprint(kind, path)
+            fp = _fingerprint(unit)
             cached = self._units.get(key)
             if cached is not None and cached[0] == fp:
-                segs = cached[1]
+                got = cached[1]
                 stats.reused += 1
             else:
-                reader: Callable[..., list[Segment]] = getattr(importlib.import_module(f"detectors.sources.{module}"), func)
-                segs = _read_unit(reader, seg_kind, path, ref=_ref(path, base, root), spec=spec)
-                self._units[key] = (fp, segs)
+                got = read_unit(unit, root=root, spec=spec)
+                self._units[key] = (fp, got)
                 stats.read += 1
-            out.segments.extend(_copy_segment(s) for s in segs)
-            if seg_kind not in out.kinds:
-                out.kinds.append(seg_kind)
+            return UnitRead([_copy_segment(s) for s in got.segments], list(got.warnings), skipped=got.skipped)
+
+        out = read_local(spec, read_unit=cached_read_unit)
         for key in [k for k in self._units if k[0] == spec and k not in live]:
             del self._units[key]  # a file that went away is forgotten, not reported from the cache
-        if not out.segments and not out.errors:
-            out.errors.append(SourceError(spec, f"{spec}: no runs found (no W&B run folders, MLflow stores, "
-                                                "TensorBoard event files, tables or checkpoint folders)"))
         return out
-
-
-def _read_unit(reader: Callable[..., list[Segment]], kind: SegmentKind, path: Path, *, ref: str, spec: str) -> list[Segment]:
-    """One reader call, failures turned into an error Segment naming the file (as ``read_local`` does)."""
-    from .sources.local import ReadError
-
-    try:
-        segs = reader(path, ref=ref, source=spec)
-    except (ReadError, OSError, ValueError, sqlite3.Error) as exc:
-        segs = [Segment(kind=kind, ref=ref, source=spec, store=str(path), error=f"{ref}: {exc}")]
-    except Exception as exc:  # reader bug: still name the file, keep going
-        segs = [Segment(kind=kind, ref=ref, source=spec, store=str(path), error=f"{ref}: {type(exc).__name__}: {exc}")]
-    for s in segs:
-        if s.error and not s.error.startswith(s.ref):
-            s.error = f"{s.ref}: {s.error}"
-    return segs
 
 
 def judge_sources(specs: list[str], *, config: ScanConfig, cache: LocalReadCache) -> ScanResult:

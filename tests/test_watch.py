@@ -65,26 +65,29 @@ def alerts_in(state: Path) -> list[tuple]:
 
 def _shape(read):
     return sorted((s.kind, s.ref, s.error, tuple(sorted((n, tuple(v.steps), tuple(v.values)) for n, v in s.series.items())))
-                  for s in read.segments), read.kinds, [e.message for e in read.errors]
+                  for s in read.segments), read.kinds, [e.message for e in read.errors], read.warnings
 
 
 def test_cached_read_equals_read_local_and_rereads_only_changed_files(tmp_path):
     write_run(tmp_path / "a", resumes=[30], buggy=True)
     write_run(tmp_path / "b", resumes=[], buggy=False, seed=1)
     (tmp_path / "c.csv").write_text("step,kl\n1,0.01\n2,0.02\n3,0.03\n")
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "2+2?", "answer": "4"}\n')  # a dataset: skipped, warned
     cache = LocalReadCache()
-    assert _shape(cache.read(str(tmp_path))) == _shape(read_local(str(tmp_path)))
-    assert cache.stats[str(tmp_path)].read == 4 and cache.stats[str(tmp_path)].reused == 0
+    first = cache.read(str(tmp_path))
+    assert _shape(first) == _shape(read_local(str(tmp_path)))
+    assert first.warnings and "prompts.jsonl: skipped" in first.warnings[0]
+    assert cache.stats[str(tmp_path)].read == 5 and cache.stats[str(tmp_path)].reused == 0
 
     again = cache.read(str(tmp_path))
-    assert cache.stats[str(tmp_path)].read == 0 and cache.stats[str(tmp_path)].reused == 4
+    assert cache.stats[str(tmp_path)].read == 0 and cache.stats[str(tmp_path)].reused == 5
     assert _shape(again) == _shape(read_local(str(tmp_path)))
 
     write_run(tmp_path / "b", resumes=[], buggy=False, seed=2, start_wall=1_800_000_000.0)  # a new event file
     with open(tmp_path / "c.csv", "a") as fh:  # a table that grew
         fh.write("4,0.04\n")
     grown = cache.read(str(tmp_path))
-    assert cache.stats[str(tmp_path)].read == 2 and cache.stats[str(tmp_path)].reused == 3
+    assert cache.stats[str(tmp_path)].read == 2 and cache.stats[str(tmp_path)].reused == 4
     assert _shape(grown) == _shape(read_local(str(tmp_path)))
 
     for p in (tmp_path / "a").iterdir():
