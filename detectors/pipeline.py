@@ -1,7 +1,8 @@
 """The one path every face uses: sources -> segments -> lineages with boundaries -> verdicts.
 
-The CLI, the CI hook, the watcher and the dashboard all call ``scan`` (or its two halves,
-``build_lineages`` and ``judge_lineage``); none of them re-implements a step of it.
+The CLI, the CI hook, the watcher, ``compare`` and the dashboard all call ``scan`` (or its parts,
+``read_sources``, ``judge_reads``, ``build_lineages`` and ``judge_lineage``); none of them
+re-implements a step of it.
 """
 
 from __future__ import annotations
@@ -57,16 +58,18 @@ class ScanResult:
         return not any(not seg.error for s in self.sources for seg in s.segments)
 
 
-def read_sources(specs: Sequence[str], *, progress: Callable[[str], None] | None = None) -> list[tuple[SourceRead, str | None]]:
-    """Read every SOURCE; each comes back with its ``#PATTERN`` (if any)."""
+def read_sources(specs: Sequence[str], *, progress: Callable[[str], None] | None = None,
+                 read: Callable[[str], SourceRead] = read_source) -> list[tuple[SourceRead, str | None]]:
+    """Read every SOURCE; each comes back with its ``#PATTERN`` (if any). ``read`` reads one SOURCE
+    without its pattern (the watcher passes its cache's)."""
     out = []
     for spec in specs:
         base, pattern = split_pattern(spec)
         if progress:
             progress(spec)
-        read = read_source(base)
-        read.spec = spec
-        out.append((read, pattern))
+        read_one = read(base)
+        read_one.spec = spec
+        out.append((read_one, pattern))
     return out
 
 
@@ -121,9 +124,6 @@ def _kl(piece: dict[str, Series], metric: str) -> Series | None:
     if is_negated(metric):
         return Series(s.steps, -s.values, s.wall_times)
     return s
-
-
-_matches = matches_pattern  # old private name, kept while callers move to matches_pattern
 
 
 def judge_lineage(lineage: Lineage, *, config: ScanConfig) -> LineageResult:
@@ -205,10 +205,9 @@ def _with_findings(result: LineageResult, config: ScanConfig) -> LineageResult:
     return result
 
 
-def scan(specs: Sequence[str], *, config: ScanConfig = ScanConfig(),
-         progress: Callable[[str], None] | None = None) -> ScanResult:
-    """Read, stitch and judge: the whole of ``klwatch scan``."""
-    reads = read_sources(specs, progress=progress)
+def judge_reads(reads: Sequence[tuple[SourceRead, str | None]], *, config: ScanConfig) -> list[LineageResult]:
+    """Stitch each read into training runs and judge those its ``#PATTERN`` keeps; a pattern that
+    keeps none is an error of that read, naming the SOURCE."""
     results: list[LineageResult] = []
     for read, pattern in reads:
         matched = 0
@@ -218,4 +217,12 @@ def scan(specs: Sequence[str], *, config: ScanConfig = ScanConfig(),
                 results.append(judge_lineage(lineage, config=config))
         if pattern and read.segments and not matched:
             read.errors.append(SourceError(read.spec, f"{read.spec}: no training run matches #{pattern}"))
-    return ScanResult(sources=[r for r, _ in reads], results=results)
+    return results
+
+
+def scan(specs: Sequence[str], *, config: ScanConfig = ScanConfig(),
+         progress: Callable[[str], None] | None = None, read: Callable[[str], SourceRead] = read_source) -> ScanResult:
+    """Read, stitch and judge: the whole of ``klwatch scan`` (and of each ``klwatch watch`` poll,
+    which reads through its cache)."""
+    reads = read_sources(specs, progress=progress, read=read)
+    return ScanResult(sources=[r for r, _ in reads], results=judge_reads(reads, config=config))

@@ -41,11 +41,11 @@ from rich.markup import escape
 
 from .alerts import Alert, alert_from_verdict, alert_line, backoff_delay, post_webhook, redact_url, scrub, slack_payload
 from .cli_common import GroupOpt, IntentOpt, LineageOpt, MetricOpt, ResetScoreOpt, RestartOpt, SourcesArg, build_config, err
-from .model import Segment, SourceError, SourceRead
-from .pipeline import ScanConfig, ScanResult, matches_pattern, build_lineages, judge_lineage
+from .model import Segment, SourceRead
+from .pipeline import ScanConfig, ScanResult, scan
 from .reference_reset import ReferenceResetConfig
 from .report import EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
-from .sources import read_source, split_pattern
+from .sources import read_source
 from .sources.local import CHECKPOINT_DIR, Unit, UnitRead, read_local, read_unit
 
 DEFAULT_STATE = ".klwatch-state.db"
@@ -151,21 +151,7 @@ class LocalReadCache:
 
 def judge_sources(specs: list[str], *, config: ScanConfig, cache: LocalReadCache) -> ScanResult:
     """``pipeline.scan`` with reads through the cache: the same stitching, the same verdicts."""
-    results = []
-    reads = []
-    for spec in specs:
-        base, pattern = split_pattern(spec)
-        read = cache.read(base)
-        read.spec = spec
-        reads.append(read)
-        matched = 0
-        for lineage in build_lineages(read.segments, config=config):
-            if matches_pattern(pattern, lineage):
-                matched += 1
-                results.append(judge_lineage(lineage, config=config))
-        if pattern and read.segments and not matched:
-            read.errors.append(SourceError(spec, f"{spec}: no training run matches #{pattern}"))
-    return ScanResult(sources=reads, results=results)
+    return scan(specs, config=config, read=cache.read)
 
 
 # --------------------------------------------------------------------------------------- state
