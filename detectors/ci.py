@@ -20,8 +20,7 @@ import numpy as np
 import typer
 from rich.markup import escape
 
-from .cli_common import (GroupOpt, IntentOpt, JunitOpt, LineageOpt, MetricOpt, ResetScoreOpt, RestartOpt, SourcesArg,
-                         build_config, err, run_scan)
+from .cli_common import JunitOpt, ScanOptions, SourcesArg, err, run_scan, with_scan_options
 from .metrics import is_negated
 from .model import BoundaryVerdict, Finding, LineageResult, Series
 from .pipeline import ScanConfig, ScanResult, scan
@@ -253,15 +252,12 @@ FailOnOpt = Annotated[Optional[list[str]], typer.Option(
                       "(default reference_reset; 'all' for every detector). A reference reset always fails.")]
 
 
+@with_scan_options
 def check_command(
     sources: SourcesArg,
-    metric: MetricOpt = None,
-    intentional_reset: IntentOpt = None,
-    restart: RestartOpt = None,
-    group_by: GroupOpt = None,
-    lineage: LineageOpt = None,
+    *,
+    options: ScanOptions,
     junit: JunitOpt = None,
-    reset_score: ResetScoreOpt = ReferenceResetConfig.reset_score,
     fail_on: FailOnOpt = None,
 ) -> None:
     """For CI: silent when all is well; one line per reset (GitHub annotations under Actions) and exit 1.
@@ -274,7 +270,7 @@ def check_command(
     except ValueError as exc:
         err.print("[red]error[/] " + escape(f"{exc}"), highlight=False)
         raise typer.Exit(EXIT_USAGE)
-    config = build_config(metric, intentional_reset, restart, group_by, lineage, reset_score)
+    config = options.config()
     result = run_scan(sources, config, show_progress=False)
     found = problems(result, fail_on=names)
     github = os.environ.get("GITHUB_ACTIONS") == "true"

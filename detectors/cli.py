@@ -15,9 +15,7 @@ import typer
 from rich.console import Console
 
 from . import __version__
-from .cli_common import (GroupOpt, IntentOpt, JunitOpt, LineageOpt, MetricOpt, ResetScoreOpt, RestartOpt, SourcesArg,
-                         build_config, report_errors, run_scan)
-from .reference_reset import ReferenceResetConfig
+from .cli_common import JunitOpt, ScanOptions, SourcesArg, report_errors, run_scan, with_scan_options
 from .report import EXIT_USAGE, exit_code, junit_xml, render_markdown, render_table, to_json
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -26,23 +24,20 @@ err = Console(stderr=True)
 
 
 @app.command("scan")
+@with_scan_options
 def scan_command(
     sources: SourcesArg,
+    *,
     fmt: Annotated[str, typer.Option("--format", "-f", help="table, json or markdown.")] = "table",
-    metric: MetricOpt = None,
-    intentional_reset: IntentOpt = None,
-    restart: RestartOpt = None,
-    group_by: GroupOpt = None,
-    lineage: LineageOpt = None,
+    options: ScanOptions,
     junit: JunitOpt = None,
-    reset_score: ResetScoreOpt = ReferenceResetConfig.reset_score,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to FILE instead of stdout.")] = None,
 ) -> None:
     """Read every run in the sources, rebuild each training run's resume history, judge every resume boundary."""
     if fmt not in ("table", "json", "markdown"):
         err.print(f"[red]error[/] --format must be table, json or markdown, not {fmt!r}")
         raise typer.Exit(EXIT_USAGE)
-    config = build_config(metric, intentional_reset, restart, group_by, lineage, reset_score)
+    config = options.config()
     result = run_scan(sources, config)
     report_errors(result)
     if fmt == "json":

@@ -1,11 +1,16 @@
-"""What the commands share: option types, turning options into a ScanConfig, running a scan with a
-progress bar, and printing what could not be read. Faces in their own modules (``check``, ``watch``,
-``compare``, ``dashboard``) import from here, never from ``detectors.cli``."""
+"""What the commands share: option types, the options of every judging command (``ScanOptions``,
+``with_scan_options``) and their ScanConfig, running a scan with a progress bar, and printing what
+could not be read. Faces in their own modules (``check``, ``watch``, ``compare``, ``dashboard``)
+import from here, never from ``detectors.cli``."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional, get_type_hints
 
 import typer
 from rich.console import Console
@@ -30,20 +35,61 @@ ResetScoreOpt = Annotated[float, typer.Option("--reset-score", min=0.0, max=1.0,
 JunitOpt = Annotated[Optional[Path], typer.Option("--junit", help="Also write JUnit XML (one test case per training run) to FILE.")]
 
 
-def build_config(metric: list[str] | None, intentional_reset: list[int] | None, restart: list[int] | None,
-                 group_by: str | None, lineage: Path | None, reset_score: float, findings: bool = True) -> ScanConfig:
-    """Turn command-line options into the one configuration object the pipeline takes."""
-    lineage_map = None
-    if lineage is not None:
-        try:
-            lineage_map = load_lineage_file(str(lineage))
-        except (OSError, ValueError) as exc:
-            err.print("[red]error[/] " + escape(f"--lineage {lineage}: {exc}"), highlight=False)
-            raise typer.Exit(EXIT_USAGE)
-    rr = ReferenceResetConfig(reset_score=reset_score)
-    return ScanConfig(metrics=tuple(metric or ()), intentional_resets=tuple(intentional_reset or ()),
-                      declared_restarts=tuple(restart or ()), stitch=StitchConfig(group_by=group_by, lineage_map=lineage_map),
-                      boundaries=BoundaryConfig(), reference_reset=rr, findings=findings)
+@dataclass(frozen=True)
+class ScanOptions:
+    """The options every judging command (scan, check, watch) takes, as given on the command line.
+    Each field is one typer option; ``with_scan_options`` puts them in a command's signature."""
+
+    metric: MetricOpt = None
+    intentional_reset: IntentOpt = None
+    restart: RestartOpt = None
+    group_by: GroupOpt = None
+    lineage: LineageOpt = None
+    reset_score: ResetScoreOpt = ReferenceResetConfig.reset_score
+
+    def config(self, *, findings: bool = True) -> ScanConfig:
+        """The one configuration object the pipeline takes (exits 2 naming the file when --lineage
+        cannot be read)."""
+        lineage_map = None
+        if self.lineage is not None:
+            try:
+                lineage_map = load_lineage_file(str(self.lineage))
+            except (OSError, ValueError) as exc:
+                err.print("[red]error[/] " + escape(f"--lineage {self.lineage}: {exc}"), highlight=False)
+                raise typer.Exit(EXIT_USAGE)
+        return ScanConfig(metrics=tuple(self.metric or ()), intentional_resets=tuple(self.intentional_reset or ()),
+                          declared_restarts=tuple(self.restart or ()),
+                          stitch=StitchConfig(group_by=self.group_by, lineage_map=lineage_map), boundaries=BoundaryConfig(),
+                          reference_reset=ReferenceResetConfig(reset_score=self.reset_score), findings=findings)
+
+
+def with_scan_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Give a typer command the ``ScanOptions`` options in place of its ``options: ScanOptions``
+    parameter (so ``--help`` lists them there), and call it with them gathered in one ``ScanOptions``.
+
+    Typer reads a command's options from its signature; this writes them there once instead of in
+    every command that judges runs.
+    """
+    hints = get_type_hints(ScanOptions, include_extras=True)
+    names = [f.name for f in fields(ScanOptions)]
+    own = inspect.signature(command, eval_str=True)  # annotations as objects: typer takes this signature as is
+    if "options" not in own.parameters:
+        raise TypeError(f"{command.__name__} takes no 'options: ScanOptions' parameter")
+    params: list[inspect.Parameter] = []
+    for p in own.parameters.values():
+        if p.name == "options":
+            params += [inspect.Parameter(n, p.kind, annotation=hints[n], default=getattr(ScanOptions, n)) for n in names]
+        else:
+            params.append(p)
+
+    @functools.wraps(command)
+    def run(**kwargs: Any) -> None:
+        options = ScanOptions(**{n: kwargs.pop(n) for n in names})
+        command(**kwargs, options=options)
+
+    run.__signature__ = own.replace(parameters=params)  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in params} | {"return": own.return_annotation}
+    return run
 
 
 def run_scan(sources: list[str], config: ScanConfig, *, show_progress: bool = True) -> ScanResult:

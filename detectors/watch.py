@@ -40,10 +40,9 @@ import typer
 from rich.markup import escape
 
 from .alerts import Alert, alert_from_verdict, alert_line, backoff_delay, post_webhook, redact_url, scrub, slack_payload
-from .cli_common import GroupOpt, IntentOpt, LineageOpt, MetricOpt, ResetScoreOpt, RestartOpt, SourcesArg, build_config, err
+from .cli_common import ScanOptions, SourcesArg, err, with_scan_options
 from .model import Segment, SourceRead
 from .pipeline import ScanConfig, ScanResult, scan
-from .reference_reset import ReferenceResetConfig
 from .report import EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
 from .sources import read_source
 from .sources.local import CHECKPOINT_DIR, Unit, UnitRead, read_local, read_unit
@@ -390,20 +389,17 @@ def _stop(signum: int, frame: Any) -> None:
     raise _Stop()
 
 
+@with_scan_options
 def watch_command(
     sources: SourcesArg,
+    *,
     every: Annotated[float, typer.Option("--every", min=0.05, help="Seconds between polls.")] = 60.0,
     state_path: Annotated[Path, typer.Option("--state", help="SQLite file remembering alerts across restarts.")] = Path(DEFAULT_STATE),
     webhook: Annotated[Optional[list[str]], typer.Option("--webhook", help="POST alerts (Slack-compatible JSON) to URL (repeatable).")] = None,
     dashboard_url: Annotated[Optional[str], typer.Option("--dashboard-url", help="Dashboard base URL for links: BASE?run=<lineage id>.")] = None,
     once: Annotated[bool, typer.Option("--once", help="One pass, then exit (for cron).")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="A line per poll on stderr.")] = False,
-    metric: MetricOpt = None,
-    intentional_reset: IntentOpt = None,
-    restart: RestartOpt = None,
-    group_by: GroupOpt = None,
-    lineage: LineageOpt = None,
-    reset_score: ResetScoreOpt = ReferenceResetConfig.reset_score,
+    options: ScanOptions,
 ) -> None:
     """Poll live runs and alert each newly judged reference reset exactly once (stdout, webhooks).
 
@@ -418,7 +414,7 @@ def watch_command(
         if not u.startswith(("http://", "https://")):
             err.print("[red]error[/] " + escape(f"--webhook must be an http(s) URL, not {redact_url(u)!r}"), highlight=False)
             raise typer.Exit(EXIT_USAGE)
-    config = build_config(metric, intentional_reset, restart, group_by, lineage, reset_score, findings=False)
+    config = options.config(findings=False)
     sinks = [Sink.stdout()] + [Sink.webhook(u) for u in dict.fromkeys(urls)]
     try:
         state = AlertState(state_path)

@@ -216,6 +216,18 @@ def test_unreadable_source_is_reported_once_and_the_pass_exits_3(tmp_path):
     assert none.returncode == 2
 
 
+def test_the_options_shared_with_scan_reach_the_watcher(tmp_path):
+    write_run(tmp_path / "runs" / "buggy", resumes=[30], buggy=True)
+    declared = klwatch("watch", tmp_path / "runs", "--once", "--state", tmp_path / "a.db", "--intentional-reset", "31")
+    assert declared.returncode == 0 and declared.stdout == "", declared.stderr  # a declared reset is not alerted
+    other_metric = klwatch("watch", tmp_path / "runs", "--once", "--state", tmp_path / "b.db", "--metric", "nope/*")
+    assert other_metric.returncode == 0 and other_metric.stdout == ""
+    bad_lineage = klwatch("watch", tmp_path / "runs", "--once", "--state", tmp_path / "c.db", "--lineage", tmp_path / "none.json")
+    assert bad_lineage.returncode == 2 and "--lineage" in bad_lineage.stderr
+    plain = klwatch("watch", tmp_path / "runs", "--once", "--state", tmp_path / "d.db")
+    assert plain.returncode == 0 and plain.stdout.count("klwatch ALERT") == 1
+
+
 # -------------------------------------------------------------- a live run, a watcher killed mid-way
 
 
