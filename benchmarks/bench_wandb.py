@@ -22,17 +22,16 @@ import json
 import math
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
 import time
-import zlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from detectors.sources.wandb_log import BLOCK, read_records, read_wandb_run_dir  # noqa: E402
+from detectors.sources.wandb_log import read_records, read_wandb_run_dir  # noqa: E402
+from tests.sources.test_wandb_log import frame_wandb_log  # noqa: E402  (the tests' writer of the framing)
 
 METRICS = ("train/kl_penalty", "train/reward", "train/loss")
 
@@ -54,24 +53,6 @@ def write_with_client(*, folder: Path, rows: int) -> Path:
     out = subprocess.run([sys.executable, "-c", WRITER, str(rows)], env=env, check=True, text=True,
                          capture_output=True)
     return Path(out.stdout.strip().splitlines()[-1])
-
-
-def _frame(records: list[bytes]) -> bytes:
-    out = bytearray(b":W&B" + struct.pack("<HB", 0xBEE1, 0))
-    for rec in records:
-        first, rest = True, rec
-        while True:
-            left = BLOCK - len(out) % BLOCK
-            if left < 7:
-                out += b"\x00" * left
-                continue
-            take, rest = rest[: left - 7], rest[left - 7:]
-            ctype = (1 if not rest else 2) if first else (4 if not rest else 3)
-            out += struct.pack("<IHB", zlib.crc32(take, zlib.crc32(bytes([ctype]))), len(take), ctype) + take
-            first = False
-            if not rest:
-                break
-    return bytes(out)
 
 
 def assemble(*, folder: Path, rows: int) -> Path:
@@ -100,7 +81,7 @@ def assemble(*, folder: Path, rows: int) -> Path:
                     pb.Record(num=3 * i + 4, history=h).SerializeToString()]
     run_dir = folder / "wandb" / "offline-run-20260101_000000-bench1"
     run_dir.mkdir(parents=True)
-    (run_dir / "run-bench1.wandb").write_bytes(_frame(records))
+    (run_dir / "run-bench1.wandb").write_bytes(frame_wandb_log(records))
     return run_dir
 
 

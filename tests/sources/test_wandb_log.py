@@ -300,8 +300,9 @@ def test_not_a_wandb_log_is_an_error(tmp_path: Path) -> None:
         read(folder)
 
 
-def _frame(records: list[bytes]) -> bytes:
-    """LevelDB-log framing as wandb-core writes it (a test writer, independent of the reader)."""
+def frame_wandb_log(records: list[bytes]) -> bytes:
+    """LevelDB-log framing as wandb-core writes it (a test writer, independent of the reader; the
+    benchmark ``benchmarks/bench_wandb.py --assemble`` frames its records with it too)."""
     out = bytearray(b":W&B" + struct.pack("<HB", 0xBEE1, 0))
     for rec in records:
         first, rest = True, rec
@@ -353,7 +354,7 @@ def test_older_item_layouts_typed_values_and_removals(tmp_path: Path) -> None:
     records.append(record(config=cfg))
     folder = tmp_path / "run-20260101_000000-old1"
     folder.mkdir()
-    data = _frame(records)
+    data = frame_wandb_log(records)
     assert len(data) > 2 * BLOCK
     (folder / "run-old1.wandb").write_bytes(data)
     seg = read(folder)
@@ -400,7 +401,7 @@ def test_undecodable_record_with_a_good_crc_is_skipped_with_a_warning(tmp_path: 
     bad_summary = b"\x1a\x03\x0a\x7f\x00"
     folder = tmp_path / "run-20260101_000000-bad1"
     folder.mkdir()
-    (folder / "run-bad1.wandb").write_bytes(_frame([row(0), bad_row, row(1), bad_summary, row(2)]))
+    (folder / "run-bad1.wandb").write_bytes(frame_wandb_log([row(0), bad_row, row(1), bad_summary, row(2)]))
     seg = read(folder)
     assert seg.series["kl"].values.tolist() == [0.0, 0.5, 1.0]
     assert any("could not be decoded" in w for w in seg.warnings), seg.warnings
