@@ -67,6 +67,41 @@ def run_group(*, tags: dict[str, str], run_names: dict[str, str | None]) -> str 
     return None
 
 
+def run_segment(*, run_id: str, source: str, run_names: dict[str, str | None], tags: dict[str, str],
+                config: dict[str, Any], series: dict[str, Series], start_ms: Any, end_ms: Any, store: str,
+                experiment: str, experiment_id: str, status: Any, stage: str, error: str | None = None,
+                **meta: Any) -> Segment:
+    """One MLflow run as a Segment, the same whether it was read from a SQLite store, an ``mlruns``
+    folder or a tracking server (``meta`` adds what only that source knows)."""
+    return Segment(
+        kind="mlflow",
+        ref=run_id,
+        source=source,
+        run_id=run_id,
+        name=run_names.get(run_id),
+        group=run_group(tags=tags, run_names=run_names),
+        config=config,
+        tags=dict(tags),
+        series=series,
+        start_time=_seconds(start_ms),
+        store=store,
+        error=error,
+        meta={"experiment": experiment, "experiment_id": experiment_id, "status": status,
+              "lifecycle_stage": stage, "end_time": _seconds(end_ms), "parent_run_id": tags.get(PARENT_RUN_TAG),
+              **meta},
+    )
+
+
+def _seconds(ms: Any) -> float | None:
+    """MLflow's epoch milliseconds (a number, or a string from the REST API) as float seconds."""
+    return None if ms is None else float(ms) / 1000.0
+
+
+def by_start_time(seg: Segment) -> tuple[bool, float, str]:
+    """Sort key of a store's runs: by start time (runs without one last), then by id."""
+    return seg.start_time is None, seg.start_time or 0.0, seg.ref
+
+
 def _who(path: Path, ref: str) -> str:
     """Name the file in a message: ``ref`` when it already names it, else the path."""
     return ref if ref.endswith(path.name) else str(path)
@@ -175,28 +210,11 @@ def _read_sqlite(con: sqlite3.Connection, *, abspath: Path, source: str, who: st
         if (stage or "active") == "deleted" or exp_stage == "deleted":
             continue
         run_tags = tags.get(rid, {})
-        out.append(Segment(
-            kind="mlflow",
-            ref=rid,
-            source=source,
-            run_id=rid,
-            name=run_names[rid],
-            group=run_group(tags=run_tags, run_names=run_names),
-            config=dict(params.get(rid, {})),
-            tags=dict(run_tags),
-            series=series.get(rid, {}),
-            start_time=None if start_ms is None else start_ms / 1000.0,
-            store=f"{abspath}#{exp_name}",
-            meta={
-                "experiment": exp_name,
-                "experiment_id": str(eid),
-                "status": status,
-                "lifecycle_stage": stage or "active",
-                "end_time": None if end_ms is None else end_ms / 1000.0,
-                "parent_run_id": run_tags.get(PARENT_RUN_TAG),
-            },
-        ))
-    out.sort(key=lambda s: (s.start_time is None, s.start_time or 0.0, s.ref))
+        out.append(run_segment(run_id=rid, source=source, run_names=run_names, tags=run_tags,
+                               config=dict(params.get(rid, {})), series=series.get(rid, {}), start_ms=start_ms,
+                               end_ms=end_ms, store=f"{abspath}#{exp_name}", experiment=exp_name,
+                               experiment_id=str(eid), status=status, stage=stage or "active"))
+    out.sort(key=by_start_time)
     return out
 
 
@@ -304,29 +322,11 @@ def read_mlruns(path: Path, *, ref: str, source: str) -> list[Segment]:
     for run_ref, rid, exp_name, p in raw:
         meta = p["meta"]
         status = meta.get("status")
-        start_ms = meta.get("start_time")
-        end_ms = meta.get("end_time")
-        out.append(Segment(
-            kind="mlflow",
-            ref=rid,
-            source=source,
-            run_id=rid,
-            name=run_names[rid],
-            group=run_group(tags=p["tags"], run_names=run_names),
-            config={k: parse_param(v) for k, v in p["params"].items()},
-            tags=p["tags"],
-            series=p["metrics"],
-            start_time=None if start_ms is None else float(start_ms) / 1000.0,
-            store=f"{root}#{exp_name}",
-            meta={
-                "experiment": exp_name,
-                "experiment_id": str(meta.get("experiment_id", "")),
-                "status": _RUN_STATUS.get(status, status) if isinstance(status, int) else status,
-                "lifecycle_stage": meta.get("lifecycle_stage", "active"),
-                "end_time": None if end_ms is None else float(end_ms) / 1000.0,
-                "parent_run_id": p["tags"].get(PARENT_RUN_TAG),
-                "folder": run_ref,
-            },
-        ))
-    out.sort(key=lambda s: (s.start_time is None, s.start_time or 0.0, s.ref))
+        out.append(run_segment(run_id=rid, source=source, run_names=run_names, tags=p["tags"],
+                               config={k: parse_param(v) for k, v in p["params"].items()}, series=p["metrics"],
+                               start_ms=meta.get("start_time"), end_ms=meta.get("end_time"), store=f"{root}#{exp_name}",
+                               experiment=exp_name, experiment_id=str(meta.get("experiment_id", "")),
+                               status=_RUN_STATUS.get(status, status) if isinstance(status, int) else status,
+                               stage=meta.get("lifecycle_stage", "active"), folder=run_ref))
+    out.sort(key=by_start_time)
     return out

@@ -35,7 +35,7 @@ import numpy as np
 import requests
 
 from ..model import Segment, Series, SourceError, SourceRead
-from .mlflow_local import PARENT_RUN_TAG, RUN_NAME_TAG, parse_param, run_group
+from .mlflow_local import PARENT_RUN_TAG, RUN_NAME_TAG, by_start_time, parse_param, run_segment
 
 DEFAULT_TIMEOUT_S = 60.0
 """Per read (time without a byte from the server), not per request: a big history may stream long."""
@@ -233,49 +233,45 @@ def _error_of(resp: requests.Response) -> tuple[str | None, str]:
 # --------------------------------------------------------------------------------------------
 
 
-def _experiments(api: RestClient, wanted: str | None) -> list[dict[str, Any]]:
-    if wanted is not None:
-        try:
-            return [api.get("/api/2.0/mlflow/experiments/get-by-name",
-                            {"experiment_name": wanted})["experiment"]]
-        except ServerError as exc:
-            if exc.error_code != "RESOURCE_DOES_NOT_EXIST" and exc.status != 404:
-                raise
-        if wanted.isdigit():
-            try:
-                return [api.get("/api/2.0/mlflow/experiments/get",
-                                {"experiment_id": wanted})["experiment"]]
-            except ServerError as exc:
-                if exc.error_code != "RESOURCE_DOES_NOT_EXIST" and exc.status != 404:
-                    raise
-        raise ServerError(f"mlflow server {api.base}: no experiment named or numbered {wanted!r}")
+def _get_existing(api: RestClient, route: str, params: dict[str, str]) -> dict[str, Any] | None:
+    """GET ``route``; None when the server answers that the thing asked for does not exist."""
+    try:
+        return api.get(route, params)
+    except ServerError as exc:
+        if exc.error_code != "RESOURCE_DOES_NOT_EXIST" and exc.status != 404:
+            raise
+    return None
+
+
+def _search(api: RestClient, route: str, body: dict[str, Any], *, items: str) -> list[dict[str, Any]]:
+    """Every ``items`` entry of a paged MLflow search, following ``next_page_token``."""
     out: list[dict[str, Any]] = []
     token: str | None = None
     while True:
-        body: dict[str, Any] = {"max_results": SEARCH_PAGE, "view_type": "ACTIVE_ONLY"}
-        if token:
-            body["page_token"] = token
-        doc = api.post("/api/2.0/mlflow/experiments/search", body)
-        out.extend(doc.get("experiments", []))
+        doc = api.post(route, {**body, "page_token": token} if token else body)
+        out.extend(doc.get(items, []))
         token = doc.get("next_page_token")
         if not token:
             return out
 
 
+def _experiments(api: RestClient, wanted: str | None) -> list[dict[str, Any]]:
+    if wanted is None:
+        return _search(api, "/api/2.0/mlflow/experiments/search",
+                       {"max_results": SEARCH_PAGE, "view_type": "ACTIVE_ONLY"}, items="experiments")
+    doc = _get_existing(api, "/api/2.0/mlflow/experiments/get-by-name", {"experiment_name": wanted})
+    if doc is None and wanted.isdigit():
+        doc = _get_existing(api, "/api/2.0/mlflow/experiments/get", {"experiment_id": wanted})
+    if doc is None:
+        raise ServerError(f"mlflow server {api.base}: no experiment named or numbered {wanted!r}")
+    return [doc["experiment"]]
+
+
 def _runs(api: RestClient, exp_ids: list[str]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i in range(0, len(exp_ids), 100):
-        token: str | None = None
-        while True:
-            body: dict[str, Any] = {"experiment_ids": exp_ids[i:i + 100], "max_results": SEARCH_PAGE,
-                                    "run_view_type": "ACTIVE_ONLY"}
-            if token:
-                body["page_token"] = token
-            doc = api.post("/api/2.0/mlflow/runs/search", body)
-            out.extend(doc.get("runs", []))
-            token = doc.get("next_page_token")
-            if not token:
-                break
+        out += _search(api, "/api/2.0/mlflow/runs/search", {"experiment_ids": exp_ids[i:i + 100],
+                       "max_results": SEARCH_PAGE, "run_view_type": "ACTIVE_ONLY"}, items="runs")
     return out
 
 
@@ -475,34 +471,14 @@ def _read(api: RestClient, server: ServerSpec, out: SourceRead) -> None:
         tags = tags_of[rid]
         eid = str(info.get("experiment_id"))
         exp_name = exp_names.get(eid, eid)
-        start_ms = info.get("start_time")
-        end_ms = info.get("end_time")
         err = None
         if run_errors.get(rid):
             err = f"{rid}: could not read its metric history: {run_errors[rid][0]}"
-        segs.append(Segment(
-            kind="mlflow",
-            ref=rid,
-            source=out.spec,
-            run_id=rid,
-            name=names.get(rid),
-            group=run_group(tags=tags, run_names=names),
-            config={p["key"]: parse_param(p.get("value", ""))
-                    for p in run.get("data", {}).get("params", [])},
-            tags=dict(tags),
-            series=histories.get(rid, {}),
-            start_time=None if start_ms is None else int(start_ms) / 1000.0,
-            store=f"{server.base_url}#{exp_name}",
-            error=err,
-            meta={
-                "experiment": exp_name,
-                "experiment_id": eid,
-                "status": info.get("status"),
-                "lifecycle_stage": info.get("lifecycle_stage", "active"),
-                "end_time": None if end_ms is None else int(end_ms) / 1000.0,
-                "parent_run_id": tags.get(PARENT_RUN_TAG),
-                "server": server.base_url,
-            },
-        ))
-    segs.sort(key=lambda s: (s.start_time is None, s.start_time or 0.0, s.ref))
+        segs.append(run_segment(
+            run_id=rid, source=out.spec, run_names=names, tags=tags,
+            config={p["key"]: parse_param(p.get("value", "")) for p in run.get("data", {}).get("params", [])},
+            series=histories.get(rid, {}), start_ms=info.get("start_time"), end_ms=info.get("end_time"),
+            store=f"{server.base_url}#{exp_name}", error=err, experiment=exp_name, experiment_id=eid,
+            status=info.get("status"), stage=info.get("lifecycle_stage", "active"), server=server.base_url))
+    segs.sort(key=by_start_time)
     out.segments.extend(segs)
