@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
@@ -181,6 +181,18 @@ def history(lineage: Lineage, boundary: Boundary, name: str) -> Series | None:
     out = s.take(keep)
     order = np.argsort(out.steps, kind="stable")
     return out.take(order)
+
+
+def resumes_with_history(lineage: Lineage, name: str, *,
+                         min_before: int) -> Iterator[tuple[Boundary, Series, Series]]:
+    """Each resume at which the metric can be judged, with its ``history`` before the resume and its
+    values in the piece the resume starts: those where both exist and the history has at least
+    ``min_before`` points (too few say nothing about how the run would have continued)."""
+    for b in lineage.boundaries:
+        hist = history(lineage, b, name)
+        _, after = before_after(lineage, b, name)
+        if hist is not None and after is not None and len(hist) >= min_before:
+            yield b, hist, after
 
 
 def opening(lineage: Lineage, name: str, *, interval: int) -> Series | None:

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model import Boundary, Finding, LineageResult
-from .base import (KL_COEF, FindingDetector, MetricFamily, before_after, find_metric, fmt, history,
-                   log_interval, opening, piece_series)
+from ..model import Boundary, Finding, LineageResult, Series
+from .base import (KL_COEF, FindingDetector, MetricFamily, find_metric, fmt, log_interval, opening, piece_series,
+                   resumes_with_history)
 
 
 @dataclass(frozen=True)
@@ -65,18 +65,15 @@ class KlCoefReset(FindingDetector[KlCoefResetConfig]):
             return []  # a fixed coefficient that never changed: nothing was reset
         open_ = opening(lineage, metric, interval=log_interval(parts))
         out: list[Finding] = []
-        for b in lineage.boundaries:
-            f = self._judge(b, metric, lineage=lineage, open_=open_, lg=lg, max_step=max_step)
+        for b, hist, after in resumes_with_history(lineage, metric, min_before=cfg.min_points_before):
+            f = self._judge(b, metric, hist=hist, after=after, open_=open_, lg=lg, max_step=max_step)
             if f is not None:
                 out.append(f)
         return out
 
-    def _judge(self, b: Boundary, metric: str, *, lineage, open_, lg, max_step: float) -> Finding | None:
+    def _judge(self, b: Boundary, metric: str, *, hist: Series, after: Series, open_, lg,
+               max_step: float) -> Finding | None:
         cfg = self.config
-        hist = history(lineage, b, metric)
-        _, after = before_after(lineage, b, metric)
-        if hist is None or after is None or len(hist) < cfg.min_points_before:
-            return None
         upto = b.resumed_from_step if b.resumed_from_step is not None else int(hist.steps[-1])
         known = hist.steps <= upto
         before = float(hist.values[known][-1]) if np.any(known) else float(hist.values[-1])

@@ -26,8 +26,8 @@ from scipy.special import expit, logsumexp
 
 from ..model import Boundary, Finding, LineageResult, Series
 from ..reference_reset import t_logpdf
-from .base import (LR, FindingDetector, MetricFamily, before_after, config_mentions, find_metric, fmt,
-                   history, log_interval, opening, piece_series)
+from .base import (LR, FindingDetector, MetricFamily, config_mentions, find_metric, fmt, log_interval, opening,
+                   piece_series, resumes_with_history)
 
 
 @dataclass(frozen=True)
@@ -79,19 +79,15 @@ class LrScheduleRestart(FindingDetector[LrScheduleRestartConfig]):
         if _restarts_on_its_own(parts, lg=lg, cfg=cfg):
             return []
         out: list[Finding] = []
-        for b in lineage.boundaries:
-            f = self._judge(b, metric, lineage=result.lineage, open_=open_, lg=lg, noise=noise, interval=interval)
+        for b, hist, after in resumes_with_history(lineage, metric, min_before=cfg.min_points_before):
+            f = self._judge(b, metric, hist=hist, after=after, open_=open_, lg=lg, noise=noise, interval=interval)
             if f is not None:
                 out.append(f)
         return out
 
-    def _judge(self, b: Boundary, metric: str, *, lineage, open_: Series, lg, noise: float,
+    def _judge(self, b: Boundary, metric: str, *, hist: Series, after: Series, open_: Series, lg, noise: float,
                interval: int) -> Finding | None:
         cfg = self.config
-        hist = history(lineage, b, metric)
-        _, after = before_after(lineage, b, metric)
-        if hist is None or after is None or len(hist) < cfg.min_points_before:
-            return None
         post = after.take(slice(0, cfg.window_after))
         pred0 = _continue(hist, post.steps)
         start = b.resumed_from_step + 1 if b.resumed_from_step is not None else b.step
