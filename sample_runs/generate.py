@@ -50,11 +50,13 @@ ALL = CORE + ("early-resume-buggy", "lr-restart", "optimizer-reset", "data-resta
 COVERAGE: dict[str, dict[tuple[str, str], tuple[str, ...]]] = {
     # What the committed sample_runs/ holds, to stay under the 3 MB cap: every scenario in
     # TensorBoard and in W&B's new-run layout; in the second layouts and in MLflow (whose SQLite
-    # store costs ~250 bytes per logged value) the scenarios whose reading depends on the layout.
+    # store costs ~300 bytes per logged value) the scenarios whose reading depends on the layout.
+    # (The ratchet is left out of W&B's resume layout, where its one id resumed three times adds
+    # nothing the single resumes and the rewinds there do not show.)
     "committed": {
         ("tensorboard", "new-file"): ALL,
         ("wandb", "new-run"): ALL,
-        ("wandb", "resume"): ("resume-fixed", "resume-buggy", "ratchet-buggy", "rewind-fixed", "rewind-buggy"),
+        ("wandb", "resume"): ("resume-fixed", "resume-buggy", "rewind-fixed", "rewind-buggy"),
         ("mlflow", "new-run"): ("resume-buggy", "ratchet-buggy", "intentional-reset", "kl-coef-reset"),
         ("mlflow", "resume"): ("resume-buggy", "rewind-fixed", "rewind-buggy"),
     },
