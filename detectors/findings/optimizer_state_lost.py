@@ -176,7 +176,7 @@ class OptimizerStateLost(FindingDetector[OptimizerStateLostConfig]):
                 continue  # the loss alone accuses nothing: see the module docstring
             if len(kinds) == 1:
                 best = max(spikes, key=lambda s: s.z / max(s.null_max, 1e-9))
-                if best.z < cfg.alone_min_z or best.z < cfg.alone_margin * best.null_max:
+                if best.z < cfg.alone_min_z or best.z < cfg.alone_margin * max(best.null_max, 0.0):
                     continue
                 lr_ruled_out = best.kind == "step" and (best.lr_corrected or lr_rose[b.piece_index] is False)
                 confident = lr_ruled_out
@@ -271,7 +271,7 @@ class OptimizerStateLost(FindingDetector[OptimizerStateLostConfig]):
             pre_tr, pre_raw = before[2][-cfg.window_before:], before[1][-cfg.window_before:]
             post_steps, post_raw, post_tr = (x[:k_after] for x in after)
             z = self._z(pre_tr, post_tr, prep.noise)
-            if z is None or z < cfg.min_z or z < cfg.null_margin * null_max:
+            if z is None or z < cfg.min_z or z < cfg.null_margin * max(null_max, 0.0):
                 continue
             rise = float(np.mean(post_tr) - np.median(pre_tr))
             if prep.log_space:
