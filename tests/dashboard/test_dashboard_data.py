@@ -131,5 +131,7 @@ def test_same_run_id_in_two_sources_gets_two_keys(fleet_dir: Path, tmp_path: Pat
     shutil.copytree(fleet_dir, copy)
     fleet = data.load_fleet([str(fleet_dir), str(copy)], config=ScanConfig())
     assert len(fleet.keys) == 6 and len(set(fleet.keys)) == 6
-    assert {k.rsplit("@", 1)[-1] for k in fleet.keys} == {str(fleet_dir), str(copy)}
+    assert set(fleet.source_of) == {str(fleet_dir), str(copy)}
+    for spec in (str(fleet_dir), str(copy)):  # each source's three runs, each under its own key
+        assert len({k for k, s in zip(fleet.keys, fleet.source_of) if s == spec}) == 3
     assert len(fleet.runs) == 6
