@@ -43,12 +43,17 @@ def one_segment(procs, *, with_clock: bool, rng: np.random.Generator) -> Segment
     return Segment(kind="mlflow", ref="r", source="s", run_id="r", series=series)
 
 
+def restarts_in_place(procs, *, with_clock: bool, seed: int):
+    """The pieces and boundaries found in one tracker run that the processes all logged into."""
+    seg = one_segment(procs, with_clock=with_clock, rng=np.random.default_rng(seed))
+    pieces = split_segment(seg, 0, prefer="kl", config=CFG)
+    return pieces, infer_boundaries([seg], pieces, metric="kl", checkpoint_steps=[], declared_steps=[], config=CFG)
+
+
 @settings(max_examples=150, deadline=None)
 @given(process_runs(), st.integers(0, 2**31 - 1))
 def test_every_in_place_restart_is_found_with_a_clock(procs, seed):
-    seg = one_segment(procs, with_clock=True, rng=np.random.default_rng(seed))
-    pieces = split_segment(seg, 0, prefer="kl", config=CFG)
-    bounds = infer_boundaries([seg], pieces, metric="kl", checkpoint_steps=[], declared_steps=[], config=CFG)
+    pieces, bounds = restarts_in_place(procs, with_clock=True, seed=seed)
     assert [b.step for b in bounds] == [a for a, _ in procs[1:]]
     for b, (prev, cur) in zip(bounds, zip(procs, procs[1:])):
         assert "time_gap" in b.evidence
@@ -63,9 +68,7 @@ def test_every_in_place_restart_is_found_with_a_clock(procs, seed):
 @settings(max_examples=150, deadline=None)
 @given(process_runs(), st.integers(0, 2**31 - 1))
 def test_without_a_clock_only_rewinds_are_restarts(procs, seed):
-    seg = one_segment(procs, with_clock=False, rng=np.random.default_rng(seed))
-    pieces = split_segment(seg, 0, prefer="kl", config=CFG)
-    bounds = infer_boundaries([seg], pieces, metric="kl", checkpoint_steps=[], declared_steps=[], config=CFG)
+    _, bounds = restarts_in_place(procs, with_clock=False, seed=seed)
     expected = [cur[0] for prev, cur in zip(procs, procs[1:]) if cur[0] <= prev[1]]
     assert [b.step for b in bounds] == expected
 
