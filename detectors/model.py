@@ -71,7 +71,7 @@ class Series:
         )
 
 
-@dataclass
+@dataclass(eq=False)  # identity: two processes may log identical data and still be two segments
 class Segment:
     """What one process logged: one W&B run folder, one MLflow run, one event file, one table part.
 

@@ -105,7 +105,7 @@ def build_lineages(segments: list[Segment], *, config: ScanConfig) -> list[Linea
         for s in data or segs:
             merged_config.update(s.config)
         # data segments first: piece_segments index into them
-        lineage = Lineage(id=lid, name=name, segments=data + [s for s in segs if s not in data],
+        lineage = Lineage(id=lid, name=name, segments=data + [s for s in segs if all(s is not d for d in data)],
                           config=merged_config, checkpoint_steps=checkpoint_steps, step_axis=axis)
         lineage.boundaries = infer_boundaries(data, pieces, metric=metric, checkpoint_steps=checkpoint_steps,
                                               declared_steps=list(config.declared_restarts) + list(config.intentional_resets),
