@@ -109,8 +109,7 @@ class Segment:
             if self.checkpoint_steps:
                 return min(self.checkpoint_steps), max(self.checkpoint_steps)
             return None, None
-        allsteps = np.concatenate(steps)
-        return int(allsteps.min()), int(allsteps.max())
+        return int(min(x.min() for x in steps)), int(max(x.max() for x in steps))
 
     def first_wall_time(self) -> float | None:
         times = [s.wall_times[0] for s in self.series.values() if s.wall_times is not None and len(s)]

@@ -149,8 +149,7 @@ def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig()) ->
         if seg.kind == "checkpoints":
             checkpoints.append(seg)
             continue
-        # event files of one source are one store: their folders are the keys
-        store = (seg.source, seg.source if seg.kind == "tensorboard" else (seg.store or seg.source))
+        store = _store_key(seg)  # event files of one source are one store: their folders are the keys
         by_store.setdefault(store, {}).setdefault(_key(seg, config), []).append(seg)
 
     lineages: list[tuple[str, str, list[Segment]]] = []
@@ -176,6 +175,40 @@ def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig()) ->
     return out + lineages
 
 
+def _store_key(seg: Segment) -> tuple[str, str]:
+    """Which store a segment belongs to for stitching: event files of one source are one store."""
+    return seg.source, seg.source if seg.kind == "tensorboard" else (seg.store or seg.source)
+
+
+@dataclass
+class _ChainSpan:
+    """Step and clock extent of a chain, kept up to date as chains are joined (no re-scanning)."""
+
+    first: int | None
+    last: int | None
+    start: float | None
+    end: float | None
+
+    @classmethod
+    def of(cls, chain: list[Segment]) -> "_ChainSpan":
+        steps = [r for r in (s.step_range() for s in chain) if r[0] is not None]
+        clock = [_span(s) for s in chain]
+        starts = [a for a, _ in clock if a is not None]
+        ends = [b for _, b in clock if b is not None]
+        return cls(min((a for a, _ in steps), default=None), max((b for _, b in steps), default=None),  # type: ignore[type-var]
+                   min(starts, default=None), max(ends, default=None))
+
+    def absorb(self, other: "_ChainSpan") -> None:
+        def lo(a, b):  # type: ignore[no-untyped-def]
+            return b if a is None else a if b is None else min(a, b)
+
+        def hi(a, b):  # type: ignore[no-untyped-def]
+            return b if a is None else a if b is None else max(a, b)
+
+        self.first, self.last = lo(self.first, other.first), hi(self.last, other.last)
+        self.start, self.end = lo(self.start, other.start), hi(self.end, other.end)
+
+
 def _join_continuations(lineages: list[tuple[str, str, list[Segment]]]) -> list[tuple[str, str, list[Segment]]]:
     """Join a run that starts mid-way to the one it continues, whatever their names.
 
@@ -183,42 +216,31 @@ def _join_continuations(lineages: list[tuple[str, str, list[Segment]]]) -> list[
     later step, in the same store, after another run ended there, with a config that agrees, and that
     run reached the step it resumes from, it is that run's continuation (issue: "the step axis of one
     continuing where another's checkpoint left off"). Only a unique candidate is joined.
-    """
-    def span(chain: list[Segment]) -> tuple[int | None, int | None, float | None, float | None]:
-        firsts = [s.step_range()[0] for s in chain if s.step_range()[0] is not None]
-        lasts = [s.step_range()[1] for s in chain if s.step_range()[1] is not None]
-        starts = [_span(s)[0] for s in chain if _span(s)[0] is not None]
-        ends = [_span(s)[1] for s in chain if _span(s)[1] is not None]
-        return (min(firsts) if firsts else None, max(lasts) if lasts else None,
-                min(starts) if starts else None, max(ends) if ends else None)
 
-    out = list(lineages)
-    changed = True
-    while changed:
-        changed = False
-        for i, (lid, name, chain) in enumerate(out):
-            first, _, start, _ = span(chain)
-            if first is None or start is None or first <= 1:
-                continue
-            store = (chain[0].source, chain[0].store if chain[0].kind != "tensorboard" else chain[0].source, chain[0].kind)
-            candidates = []
-            for j, (_, _, other) in enumerate(out):
-                if j == i or (other[0].source, other[0].store if other[0].kind != "tensorboard" else other[0].source,
-                              other[0].kind) != store:
-                    continue
-                o_first, o_last, _, o_end = span(other)
-                if None in (o_first, o_last, o_end) or o_end > start:  # type: ignore[operator]
-                    continue
-                if o_first < first <= o_last + 1 and configs_agree(other[-1].config, chain[0].config):  # type: ignore[operator]
-                    candidates.append((o_end, j))
-            if len(candidates) == 1:
-                j = candidates[0][1]
-                olid, oname, other = out[j]
-                out[j] = (olid, oname, other + chain)
-                del out[i]
-                changed = True
-                break
-    return out
+    Chains are taken in start order, so a continuation of a continuation finds its parent already
+    joined: one pass, with each chain's extent computed once.
+    """
+    spans = [_ChainSpan.of(chain) for _, _, chain in lineages]
+    order = sorted(range(len(lineages)), key=lambda i: (spans[i].start is None, spans[i].start or 0.0))
+    joined_into: dict[int, int] = {}
+    chains = {i: list(lineages[i][2]) for i in range(len(lineages))}
+    for i in order:
+        sp = spans[i]
+        if sp.first is None or sp.start is None or sp.first <= 1:
+            continue
+        store = (_store_key(chains[i][0]), chains[i][0].kind)
+        candidates = [j for j in chains if j != i and j not in joined_into
+                      and (_store_key(chains[j][0]), chains[j][0].kind) == store
+                      and None not in (spans[j].first, spans[j].last, spans[j].end)
+                      and spans[j].end <= sp.start  # type: ignore[operator]
+                      and spans[j].first < sp.first <= spans[j].last + 1  # type: ignore[operator]
+                      and configs_agree(chains[j][-1].config, chains[i][0].config)]
+        if len(candidates) == 1:
+            j = candidates[0]
+            chains[j].extend(chains[i])
+            spans[j].absorb(sp)
+            joined_into[i] = j
+    return [(lid, name, chains[i]) for i, (lid, name, _) in enumerate(lineages) if i not in joined_into]
 
 
 def _common_depth(a: str, b: str) -> int:
