@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+from hypothesis import strategies as st
 
 from detectors.model import Finding, LineageResult, Segment, Series
 from detectors.pipeline import ScanConfig, build_lineages, judge_lineage
@@ -82,3 +83,31 @@ def of(result: LineageResult, detector: str) -> list[Finding]:
 def alarms(result: LineageResult) -> set[str]:
     """Detectors that raised a warning or an error on a run (info summaries are not alarms)."""
     return {f.detector for f in result.findings if f.severity in ("warning", "error")}
+
+
+@st.composite
+def odd_processes(draw, names: Sequence[str], *, processes: tuple[int, int] = (1, 4), constant: float = 1.0):
+    """Processes of any length (0 included) logging some of ``names``: steps that repeat or go back,
+    values with NaN, inf, zeros, negatives and a constant, for detectors that must never fail."""
+    procs: list[dict[str, Series]] = []
+    start = 1
+    for _ in range(draw(st.integers(*processes))):
+        n = draw(st.integers(0, 30))
+        first = draw(st.integers(max(1, start - 10), start + 10))
+        steps = sorted(draw(st.lists(st.integers(first, first + 60), min_size=n, max_size=n)))
+        start = (steps[-1] + 1) if steps else start
+        proc = {}
+        for name in draw(st.lists(st.sampled_from(list(names)), min_size=1, max_size=4, unique=True)):
+            vals = draw(st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=32),
+                                           st.just(0.0), st.just(constant)), min_size=n, max_size=n))
+            proc[name] = Series(np.array(steps, dtype=np.int64), np.array(vals, dtype=float),
+                                1.7e9 + np.arange(n, dtype=float) + 1e4 * len(procs))
+        procs.append(proc)
+    return procs
+
+
+def odd_results(procs: list[dict[str, Series]]) -> list[LineageResult]:
+    """The processes as one run's W&B pieces, through the real pipeline up to the findings."""
+    segs = [Segment(kind="wandb-offline", ref=f"r{k}", source="odd", run_id=f"r{k}", name="odd", group="odd",
+                    series=p, store="odd") for k, p in enumerate(procs)]
+    return [LineageResult(lin, lin.kl_metric, "ok") for lin in build_lineages(segs, config=ScanConfig(findings=False))]

@@ -4,13 +4,10 @@ import json
 
 import numpy as np
 import pytest
-from finding_helpers import FAULTS, SCENARIOS, judge, of, planted_step
+from finding_helpers import FAULTS, SCENARIOS, judge, odd_processes, odd_results, of, planted_step
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from detectors.findings.optimizer_state_lost import OptimizerStateLost, OptimizerStateLostConfig
-from detectors.model import LineageResult, Segment, Series
-from detectors.pipeline import ScanConfig, build_lineages
 
 NAME = "optimizer_state_lost"
 
@@ -246,31 +243,9 @@ def test_silent_on_the_other_generated_runs(sample, scenario):
 _ODD_NAMES = ["actor/ppo_kl", "policy/clipfrac_avg", "actor/lr", "train/grad_norm", "train/loss"]
 
 
-@st.composite
-def odd_step_series(draw):
-    """2-3 processes of any length, steps that repeat or go back, step-size and LR values with NaN,
-    inf, zeros, negatives and constants."""
-    procs, start = [], 1
-    for _ in range(draw(st.integers(2, 3))):
-        n = draw(st.integers(0, 30))
-        first = draw(st.integers(max(1, start - 10), start + 10))
-        steps = sorted(draw(st.lists(st.integers(first, first + 60), min_size=n, max_size=n)))
-        start = (steps[-1] + 1) if steps else start
-        proc = {}
-        for name in draw(st.lists(st.sampled_from(_ODD_NAMES), min_size=1, max_size=4, unique=True)):
-            vals = draw(st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=32),
-                                           st.just(0.0), st.just(1e-4)), min_size=n, max_size=n))
-            proc[name] = Series(np.array(steps, dtype=np.int64), np.array(vals, dtype=float),
-                                1.7e9 + np.arange(n, dtype=float) + 1e4 * len(procs))
-        procs.append(proc)
-    return procs
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(odd_step_series())
+@given(odd_processes(_ODD_NAMES, processes=(2, 3), constant=1e-4))
 def test_never_fails_on_odd_step_size_series(procs):
-    segs = [Segment(kind="wandb-offline", ref=f"r{k}", source="odd", run_id=f"r{k}", name="odd", group="odd",
-                    series=p, store="odd") for k, p in enumerate(procs)]
-    for lineage in build_lineages(segs, config=ScanConfig(findings=False)):
-        for f in OptimizerStateLost().detect(LineageResult(lineage, lineage.kl_metric, "ok")):
+    for result in odd_results(procs):
+        for f in OptimizerStateLost().detect(result):
             json.dumps(f.data, allow_nan=False)

@@ -3,16 +3,13 @@ from __future__ import annotations
 import importlib
 import json
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from finding_helpers import BUGGY_REFERENCE, FAULTS, HEALTHY, SCENARIOS, alarms
+from finding_helpers import BUGGY_REFERENCE, FAULTS, HEALTHY, SCENARIOS, alarms, odd_processes, odd_results
 
 from detectors.findings import DETECTORS, run_findings
 from detectors.findings.base import FindingDetector
-from detectors.model import Finding, LineageResult, Segment, Series
-from detectors.pipeline import ScanConfig, build_lineages
+from detectors.model import Finding, LineageResult
 from detectors.report import lineage_dict
 
 
@@ -78,34 +75,10 @@ _NAMES = ["train/lr", "actor/grad_norm", "train/loss", "consumed_samples", "trai
           "actor/kl_coef", "train/kl_penalty", "train/reward"]
 
 
-@st.composite
-def odd_processes(draw):
-    """1-4 processes of any length (0 included), steps that repeat or go back, values with NaN, inf,
-    zeros, negatives and constants."""
-    procs = []
-    start = 1
-    for _ in range(draw(st.integers(1, 4))):
-        n = draw(st.integers(0, 30))
-        first = draw(st.integers(max(1, start - 10), start + 10))
-        steps = sorted(draw(st.lists(st.integers(first, first + 60), min_size=n, max_size=n)))
-        start = (steps[-1] + 1) if steps else start
-        proc = {}
-        for name in draw(st.lists(st.sampled_from(_NAMES), min_size=1, max_size=4, unique=True)):
-            vals = draw(st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=32),
-                                           st.just(0.0), st.just(1.0)), min_size=n, max_size=n))
-            proc[name] = Series(np.array(steps, dtype=np.int64), np.array(vals, dtype=float),
-                                1.7e9 + np.arange(n, dtype=float) + 1e4 * len(procs))
-        procs.append(proc)
-    return procs
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(odd_processes())
+@given(odd_processes(_NAMES))
 def test_detectors_never_fail_on_odd_series(procs):
-    segs = [Segment(kind="wandb-offline", ref=f"r{k}", source="odd", run_id=f"r{k}", name="odd", group="odd",
-                    series=p, store="odd") for k, p in enumerate(procs)]
-    cfg = ScanConfig(findings=False)
-    for lineage in build_lineages(segs, config=cfg):
-        for f in run_findings(LineageResult(lineage, lineage.kl_metric, "ok")):
+    for result in odd_results(procs):
+        for f in run_findings(result):
             assert "failed" not in f.message, f.message
             json.dumps(f.data, allow_nan=False)
