@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
-import numpy as np
 import pytest
 import yaml
 from typer.testing import CliRunner

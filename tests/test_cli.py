@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
-import numpy as np
 import pytest
 
 from spec_shape import check_report

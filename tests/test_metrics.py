@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from detectors.metrics import (choose_kl_metric, declared_reference_resets, kl_candidates, to_framework_steps)
