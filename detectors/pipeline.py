@@ -16,7 +16,7 @@ import numpy as np
 
 from .boundaries import BoundaryConfig, infer_boundaries, split_segment
 from .metrics import choose_kl_metric, declared_reference_resets, is_negated, step_axis_metric, to_framework_steps
-from .model import BoundaryVerdict, Finding, Lineage, LineageResult, Segment, Series, SourceError, SourceRead
+from .model import Boundary, BoundaryVerdict, Finding, Lineage, LineageResult, Segment, Series, SourceError, SourceRead
 from .reference_reset import ReferenceResetConfig, judge_boundary, typical_kl
 from .sources import read_source, split_pattern
 from .stitching import StitchConfig, stitch
@@ -138,20 +138,21 @@ def judge_lineage(lineage: Lineage, *, config: ScanConfig) -> LineageResult:
         msg = (f"No reference-KL metric among the {len(names)} logged ({shown or 'none'}); "
                "name it with --metric." if not config.metrics else
                f"No logged metric matches --metric {' '.join(config.metrics)} (logged: {shown or 'none'}).")
+        result = LineageResult(lineage, None, "no_kl_metric", findings=[Finding("kl_metric", None, "warning", msg)])
+        _unjudged(result, lineage.boundaries, "No KL logged on both sides of this boundary.")
         # the other resume-integrity checks do not need a KL: run them all the same
-        return _with_findings(LineageResult(lineage, None, "no_kl_metric",
-                                            findings=[Finding("kl_metric", None, "warning", msg)]), config)
+        return _with_findings(result, config)
     kl_pieces = [_kl(p, metric) for p in lineage.pieces]
     allkl = np.concatenate([k.values for k in kl_pieces if k is not None]) if any(k is not None for k in kl_pieces) else np.empty(0)
     finite = allkl[np.isfinite(allkl)]
     result = LineageResult(lineage, metric, "ok")
     if len(finite) and np.all(np.abs(finite) < 1e-12):
         result.status = "kl_disabled"
-        _unjudged(result, f"{metric} is 0 for the whole run: the KL penalty is off, so there is no reference to reset.")
+        _unjudged(result, lineage.boundaries, f"{metric} is 0 for the whole run: the KL penalty is off, so there is no reference to reset.")
         return _with_findings(result, config)
     if len(finite) < config.reference_reset.min_points_before + 1:
         result.status = "insufficient_data"
-        _unjudged(result, f"Only {len(finite)} finite {metric} point(s) in the whole run: too few to judge.")
+        _unjudged(result, lineage.boundaries, f"Only {len(finite)} finite {metric} point(s) in the whole run: too few to judge.")
         return _with_findings(result, config)
 
     scale = typical_kl(finite)
@@ -164,6 +165,7 @@ def judge_lineage(lineage: Lineage, *, config: ScanConfig) -> LineageResult:
         after = kl_pieces[b.piece_index]
         before = next((kl_pieces[j] for j in range(b.piece_index - 1, -1, -1) if kl_pieces[j] is not None), None)
         if after is None or before is None:
+            _unjudged(result, [b], "No KL logged on both sides of this boundary.")
             continue
         v = judge_boundary(b, before, after, start=start, scale=scale, config=config.reference_reset)
         on_purpose = declared_key is not None or any(abs(s - b.step) <= 1 or s == b.resumed_from_step
@@ -185,9 +187,9 @@ def judge_lineage(lineage: Lineage, *, config: ScanConfig) -> LineageResult:
     return _with_findings(result, config)
 
 
-def _unjudged(result: LineageResult, why: str) -> None:
-    """Boundaries of a run that cannot be judged are still reported, saying why."""
-    for b in result.lineage.boundaries:
+def _unjudged(result: LineageResult, boundaries: list[Boundary], why: str) -> None:
+    """Boundaries that cannot be judged are still reported, saying why."""
+    for b in boundaries:
         result.verdicts.append(BoundaryVerdict(b, "inconclusive", 0.5, None, None, why))
 
 

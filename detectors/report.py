@@ -59,15 +59,7 @@ def lineage_dict(r: LineageResult) -> dict[str, Any]:
     for seg in lin.segments:
         first, last = seg.step_range()
         members.append({"kind": seg.kind, "ref": seg.ref, "first_step": first, "last_step": last})
-    judged = {id(v.boundary) for v in r.verdicts}
-    boundaries = [boundary_dict(v) for v in r.verdicts]
-    # Boundaries without a KL on both sides are still reported, with no verdict on the KL.
-    for b in lin.boundaries:
-        if id(b) not in judged:
-            boundaries.append({"step": int(b.step), "resumed_from_step": b.resumed_from_step, "evidence": list(b.evidence),
-                               "verdict": "inconclusive", "score": 0.5, "kl_before": None, "kl_after": None,
-                               "explanation": "No KL logged on both sides of this boundary.",
-                               "window_before": None, "window_after": None})
+    boundaries = [boundary_dict(v) for v in r.verdicts]  # the pipeline gives every boundary a verdict
     boundaries.sort(key=lambda d: d["step"])
     warnings = [w for seg in lin.segments for w in seg.warnings]
     return {
