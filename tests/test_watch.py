@@ -249,7 +249,6 @@ def _start_watch(runs: Path, state: Path, url: str, log: Path) -> subprocess.Pop
 
 def _delivered_in_state(path: Path) -> int:
     """Deliveries the watcher has committed as delivered, read without disturbing it."""
-
     try:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
         try:
