@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from mlflow_server import MlflowServer, launch_mlflow_server, start_mlflow_server
 
 _background: dict[str, MlflowServer] = {}
+
+# Property tests judge behaviour, not speed: no per-example deadline and no "too slow" health check,
+# which a busy machine would trip. In CI the examples are derandomized, so a run is repeatable.
+settings.register_profile("klwatch", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("klwatch-ci", parent=settings.get_profile("klwatch"), derandomize=True, database=None)
+settings.load_profile("klwatch-ci" if os.environ.get("CI") else "klwatch")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

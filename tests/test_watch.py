@@ -139,7 +139,9 @@ def test_a_resume_with_too_few_points_yet_is_judged_again_until_it_can_be_alerte
 
     runs = tmp_path / "runs" / "live"
     write_run(runs, resumes=[], buggy=False, last=30)  # the first process: steps 1-30
-    w = SummaryWriter(str(runs), filename_suffix=".p1")  # the resumed process, reference rebuilt
+    # the resumed process, reference rebuilt; tensorboardX writes events on its own thread and flush()
+    # cannot reach one still queued there, which waits for the next periodic flush: keep that short
+    w = SummaryWriter(str(runs), filename_suffix=".p1", flush_secs=1)
     wall = 1_700_000_000.0 + 30 * 5.0 + 900.0
     state = AlertState(tmp_path / "s.db")
     cache, sinks = LocalReadCache(), [Sink.webhook(receiver.url + "/hook")]
@@ -148,6 +150,9 @@ def test_a_resume_with_too_few_points_yet_is_judged_again_until_it_can_be_alerte
         for s in range(31, 37):
             w.add_scalar("train/kl_penalty", 0.05 * (1 - np.exp(-(s - 30) / 8.0)), s, walltime=wall + s)
             w.flush()
+            # the writer hands bytes to the file on its own thread: poll only once step s is on disk,
+            # however long a busy machine takes, so each poll sees exactly one more point
+            _wait(lambda: _last_step_on_disk(runs, ".p1") == s, timeout=60, what=f"step {s} on disk")
             report = watch_pass([str(tmp_path / "runs")], config=ScanConfig(findings=False), cache=cache, state=state,
                                 sinks=sinks, dashboard_url=None, out=sys.stdout)
             verdicts.append(([v.verdict for r in report.result.results for v in r.verdicts], len(receiver.requests)))
@@ -232,6 +237,18 @@ def test_the_options_shared_with_scan_reach_the_watcher(tmp_path):
 # -------------------------------------------------------------- a live run, a watcher killed mid-way
 
 
+def _last_step_on_disk(folder: Path, suffix: str) -> int | None:
+    """The last step of the event file ending in ``suffix``, as a fresh read of the bytes on disk sees it."""
+    from detectors.sources.tensorboard import read_tensorboard_file
+
+    files = sorted(folder.glob(f"events.out.tfevents.*{suffix}"))
+    if not files:
+        return None
+    segs = read_tensorboard_file(files[0], ref=files[0].name, source=str(folder))
+    steps = [int(v.steps[-1]) for seg in segs for v in seg.series.values() if len(v.steps)]
+    return max(steps, default=None)
+
+
 def _wait(cond, *, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
     end = time.time() + timeout
     while time.time() < end:
@@ -244,7 +261,13 @@ def _wait(cond, *, timeout: float, what: str, proc: subprocess.Popen | None = No
 def _start_watch(runs: Path, state: Path, url: str, log: Path) -> subprocess.Popen:
     fh = open(log, "ab")
     return subprocess.Popen([*KLWATCH, "watch", str(runs), "--every", "0.3", "--state", str(state), "--webhook", url,
-                             "--dashboard-url", "http://dash/"], stdout=fh, stderr=subprocess.STDOUT, env=ENV, cwd=REPO)
+                             "--dashboard-url", "http://dash/", "--verbose"],
+                            stdout=fh, stderr=subprocess.STDOUT, env=ENV, cwd=REPO)
+
+
+def _polls(log: Path) -> int:
+    """Polls the watchers have finished, from their --verbose lines."""
+    return sum(line.startswith("poll: ") for line in log.read_text(errors="replace").splitlines())
 
 
 def _delivered_in_state(path: Path) -> int:
@@ -259,41 +282,75 @@ def _delivered_in_state(path: Path) -> int:
         return 0
 
 
+def _points_per_process(folder: Path) -> list[int]:
+    """Points in each process's event file of a generated TensorBoard run, in launch order, as on disk now."""
+    from detectors.sources.tensorboard import read_tensorboard_file
+
+    per_file = []
+    for f in folder.glob("events.out.tfevents.*"):
+        segs = read_tensorboard_file(f, ref=f.name, source=str(folder))
+        steps = sorted({int(x) for seg in segs for v in seg.series.values() for x in v.steps})
+        if steps:
+            per_file.append((steps[0], len(steps)))
+    return [n for _, n in sorted(per_file)]
+
+
 def test_watcher_killed_and_restarted_alerts_each_reset_of_a_growing_run_exactly_once(tmp_path, receiver):
     """The generator writes a run that is resumed three times with the buggy reference order, one
-    process per launch; the watcher sees the first reset live, is SIGKILLed, misses the next two
-    while down, and on restart alerts those two, never the first again."""
+    process per launch; the watcher sees the first reset live, is SIGKILLed, misses the later ones
+    while down, and on restart alerts those, never the first again.
+
+    The generator is paused (SIGSTOP) once its first resumed process has logged a few points, and let go
+    only after the watcher is down, so the order of events holds however busy the machine is."""
     out, state, log = tmp_path / "gen", tmp_path / "state.db", tmp_path / "watch.log"
     gen = subprocess.Popen([sys.executable, str(REPO / "sample_runs" / "generate.py"), "--out", str(out),
-                            "--scenarios", "ratchet-buggy", "--trackers", "tensorboard", "--step-delay", "0.06",
-                            "--restart-gap", "0.5", "--quiet"], cwd=REPO, env=ENV,
+                            "--scenarios", "ratchet-buggy", "--trackers", "tensorboard", "--step-delay", "0.25",
+                            "--restart-gap", "0.5", "--quiet"], cwd=REPO, env=ENV, start_new_session=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    watcher = _start_watch(out, state, receiver.url + "/hook", log)
+    watcher = None
     try:
-        _wait(lambda: len(receiver.delivered) >= 1, timeout=60, what="the first alert", proc=watcher)
+        run = out / "tensorboard" / "ratchet-buggy"
+        _wait(lambda: (lambda n: len(n) >= 2 and n[-1] >= 4)(_points_per_process(run)), timeout=180,
+              what="the first resumed process's first points", proc=gen)
+        os.killpg(gen.pid, signal.SIGSTOP)
+        resumed = _points_per_process(run)[1:]  # what the first watcher can see: resumes and their points
+        assert len(resumed) < 3, "the generator ran past its last resume before it was paused"
+
+        watcher = _start_watch(out, state, receiver.url + "/hook", log)
+        _wait(lambda: len(receiver.delivered) >= 1, timeout=120, what="the first alert", proc=watcher)
         # kill once the watcher has recorded the delivery: a kill between the receiver's 200 and that
         # commit re-sends the alert (with the same X-Klwatch-Alert-Key), which is not what this tests
-        _wait(lambda: _delivered_in_state(state) >= 1, timeout=30, what="the delivery recorded", proc=watcher)
-        first_seen_while_running = gen.poll() is None
+        _wait(lambda: _delivered_in_state(state) >= 1, timeout=60, what="the delivery recorded", proc=watcher)
+        polls = _polls(log)
+        _wait(lambda: _polls(log) >= polls + 2, timeout=60, what="two more polls", proc=watcher)
         watcher.send_signal(signal.SIGKILL)
-        watcher.wait(timeout=10)
-        assert gen.wait(timeout=90) == 0, gen.stderr.read().decode()[-2000:] if gen.stderr else ""
+        watcher.wait(timeout=30)
+        seen_live = [r.body["klwatch"]["step"] for r in receiver.delivered]
+
+        os.killpg(gen.pid, signal.SIGCONT)
+        assert gen.wait(timeout=300) == 0, gen.stderr.read().decode()[-2000:] if gen.stderr else ""
         manifest = json.loads((out / "manifest.json").read_text())
         expected = [b["step"] for b in manifest["runs"][0]["boundaries"] if b["expected_verdict"] == "reference_reset"]
         assert len(expected) == 3
-        assert [r.body["klwatch"]["step"] for r in receiver.delivered] == expected[:1]
+        # the resumes on disk while the watcher ran were alerted live (one with few points yet may wait),
+        # the later ones not yet
+        judgeable = sum(n >= 4 for n in resumed)
+        assert judgeable <= len(seen_live) <= len(resumed) and seen_live == expected[:len(seen_live)], (seen_live, resumed)
 
         watcher = _start_watch(out, state, receiver.url + "/hook", log)
-        _wait(lambda: len(receiver.delivered) >= 3, timeout=60, what="the alerts missed while down", proc=watcher)
-        time.sleep(1.5)  # several more polls: nothing may repeat
+        _wait(lambda: len(receiver.delivered) >= 3, timeout=120, what="the alerts missed while down", proc=watcher)
+        polls = _polls(log)  # three more whole polls, however slow the machine: nothing may repeat
+        _wait(lambda: _polls(log) >= polls + 3, timeout=60, what="three more polls", proc=watcher)
         watcher.send_signal(signal.SIGKILL)
-        watcher.wait(timeout=10)
+        watcher.wait(timeout=30)
     finally:
-        for p in (watcher, gen):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert first_seen_while_running, "the first reset should be alerted while the run is still going"
+        if gen.poll() is None:
+            os.killpg(gen.pid, signal.SIGCONT)
+            os.killpg(gen.pid, signal.SIGKILL)
+            gen.wait()
+        if watcher is not None and watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
     steps = [r.body["klwatch"]["step"] for r in receiver.delivered]
     assert steps == expected, log.read_text()[-3000:]
     assert len({r.headers["X-Klwatch-Alert-Key"] for r in receiver.requests}) == 3

@@ -79,7 +79,7 @@ def test_a_long_series_is_thinned_with_min_max_and_drawn_with_webgl_keeping_the_
     assert trace.type == "scattergl"
     assert len(trace.x) <= 2_000
     x, y = np.asarray(trace.x), np.asarray(trace.y)
-    assert list(x[y == 0.0]) == [drop + 1]
+    assert list(x[np.abs(y) < 1e-12]) == [drop + 1]  # the one-step drop to 0 survives the thinning
     assert "min/max" in fig.layout.title.text
 
 

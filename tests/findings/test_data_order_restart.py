@@ -73,7 +73,8 @@ def test_rebuilt_sampler_is_an_error_with_counter_and_repeated_prompts():
     assert c["metric"] == "train/consumed_samples" and c["to_start"]
     assert c["after"] == BATCH and c["expected"] == pytest.approx(121 * BATCH)
     [r] = f.data["repeats"]
-    assert r["metric"] == "train/mean_prompt_length" and r["distance"] == 0.0 and r["points"] == 6
+    # the replayed prompts are the same prompts: their distance is 0 up to rounding
+    assert r["metric"] == "train/mean_prompt_length" and r["distance"] < 1e-12 and r["points"] == 6
 
 
 @pytest.mark.parametrize("every", [1, 10])

@@ -112,7 +112,9 @@ def test_policy_change_metrics_measure_the_earlier_minibatches_of_the_step() -> 
         logs = [grpo.train_step(state, ref, cfg=cfg, dataset=dataset) for _ in range(6)]
         assert all(0.0 <= s.clipfrac <= 1.0 for s in logs)
         if minibatches == 1:
-            assert all(s.approx_kl == 0.0 and s.clipfrac == 0.0 for s in logs)
+            # the rollout policy and the first minibatch's policy are the same weights, computed twice:
+            # their k3 estimate is 0 up to rounding (a few ulps with some BLAS builds), and no token clips
+            assert all(abs(s.approx_kl) < 1e-12 and s.clipfrac == 0 for s in logs)
         else:
             assert all(s.approx_kl > 0.0 for s in logs)  # k3 is nonnegative, and the policy did move
 

@@ -220,7 +220,7 @@ def test_nothing_listening_is_an_error_in_bounded_time() -> None:
     port = free_port()
     t = time.monotonic()
     read = read_source(f"mlflow://127.0.0.1:{port}")  # default retries and backoff
-    assert time.monotonic() - t < 10
+    assert time.monotonic() - t < 60  # bounded: retries with backoff, never a wait without end
     assert not read.segments and len(read.errors) == 1
     msg = read.errors[0].message
     assert f"127.0.0.1:{port}" in msg and "cannot connect" in msg
@@ -241,12 +241,12 @@ def test_hanging_server_times_out_with_a_clear_message(http_stub, monkeypatch) -
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
 
     def hang(h: BaseHTTPRequestHandler, s: Stub) -> None:
-        h.server.release.wait(30)  # type: ignore[attr-defined]
+        h.server.release.wait()  # type: ignore[attr-defined]  # until the test is over
 
     stub = http_stub(hang)
     t = time.monotonic()
     read = read_source(stub.spec)
-    assert time.monotonic() - t < 5
+    assert time.monotonic() - t < 60  # the server never answers: only the 1 s timeout ends the read
     assert not read.segments and len(read.errors) == 1
     msg = read.errors[0].message
     assert f"127.0.0.1:{stub.port}" in msg and "within 1s" in msg

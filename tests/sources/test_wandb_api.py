@@ -142,7 +142,7 @@ def test_server_faults_are_clear_errors_in_bounded_time(monkeypatch: pytest.Monk
     assert out.segments == []
     [err] = out.errors
     assert says in err.message and server.url in err.message
-    assert elapsed < 30
+    assert elapsed < 60  # the stub never answers: only klwatch's bounds end the read
 
 
 def test_history_download_that_hangs_fails_that_run_in_bounded_time(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -156,7 +156,7 @@ def test_history_download_that_hangs_fails_that_run_in_bounded_time(monkeypatch:
     assert out.errors == []
     [seg] = out.segments
     assert seg.error is not None and "r1" in seg.error and "did not answer" in seg.error
-    assert elapsed < 30
+    assert elapsed < 60  # the stub never answers: only klwatch's bounds end the read
 
 
 def test_unreachable_server_and_missing_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -192,4 +192,4 @@ def test_watchdog_gives_up_when_the_clients_own_timeouts_are_long(monkeypatch: p
         server.stop()
     [err] = out.errors
     assert "stopped answering while reading run r1" in err.message and server.url in err.message
-    assert elapsed < 30
+    assert elapsed < 60  # the stub never answers: only klwatch's bounds end the read
