@@ -1,9 +1,18 @@
 """Where a training run was restarted: cut segments into pieces and put a boundary between pieces.
 
 A restart leaves marks that differ by framework and tracker: a new tracker run or event file, steps
-that repeat or go back (a resume from an older checkpoint), a wall-clock gap far beyond the run's
-step time, a runtime counter that starts again, a checkpoint at the step before. Every mark found is
-kept as evidence; none is required on its own.
+that go back (a resume from an older checkpoint), a runtime counter that starts again, a wall-clock
+gap far beyond the run's step time, a checkpoint at the step before. Between two tracker pieces every
+mark found is kept as evidence. Inside one piece (a run re-attached in place) a cut needs strong
+evidence, because a process that never restarted also pauses and repeats steps:
+
+- strong: the steps go back, most series log a step again, or the runtime counter restarts;
+- weak, never enough alone: a step logged twice (train and validation rows at one step, as PyTorch
+  Lightning's CSV logger writes them), and a clock gap that is one of a family of similar pauses
+  (evaluation or checkpoint saving every N steps);
+- a single clock gap far beyond the step time, like no other in the run, is the one mark a re-attached
+  run leaves when its steps continue seamlessly (an MLflow run resumed with ``MLFLOW_RUN_ID``): it
+  cuts.
 """
 
 from __future__ import annotations
@@ -23,6 +32,9 @@ class BoundaryConfig:
     """A gap counts when it exceeds this many times the run's median step interval ..."""
     min_gap_seconds: float = 0.5
     """... and at least this many seconds (sub-second jitter is never a restart)."""
+    pause_family_ratio: float = 2.0
+    """Gaps inside one piece within this factor of each other are one family of routine pauses
+    (evaluation, checkpoint saving): no one of them is a restart by itself."""
 
 
 @dataclass
@@ -36,12 +48,15 @@ class Piece:
 
 
 def _spine(series: dict[str, Series], prefer: str | None) -> Series | None:
+    """The series whose steps and clock say where the process was: the KL, else the longest series
+    whose steps never repeat (a key logged on both train and validation rows repeats every step)."""
     if prefer and prefer in series and len(series[prefer]) > 1:
         return series[prefer]
     candidates = [s for n, s in series.items() if not n.startswith("_") and len(s) > 1]
     if not candidates:
         return None
-    return max(candidates, key=len)
+    monotone = [s for s in candidates if np.all(np.diff(s.steps) != 0)]
+    return max(monotone or candidates, key=len)
 
 
 def _median_interval(wall: np.ndarray) -> float:
@@ -50,8 +65,22 @@ def _median_interval(wall: np.ndarray) -> float:
     return float(np.median(d)) if len(d) else 0.0
 
 
-def find_cuts(spine: Series, runtime: Series | None, *, config: BoundaryConfig) -> list[tuple[int, list[Evidence]]]:
-    """Indices into ``spine`` where a new piece starts, with the evidence for each."""
+def relogged_steps(series: dict[str, Series]) -> set[int]:
+    """Steps that most series log twice: a process re-logging them, not train and validation rows
+    that share a step (those repeat in the keys both write, a minority)."""
+    keyed = [s for n, s in series.items() if not n.startswith("_") and len(s) > 1]
+    counts: dict[int, int] = {}
+    for s in keyed:
+        u, c = np.unique(s.steps, return_counts=True)
+        for step in u[c > 1]:
+            counts[int(step)] = counts.get(int(step), 0) + 1
+    return {step for step, n in counts.items() if 2 * n > len(keyed)}
+
+
+def find_cuts(spine: Series, runtime: Series | None, *, config: BoundaryConfig,
+              relogged: set[int] | None = None) -> list[tuple[int, list[Evidence]]]:
+    """Indices into ``spine`` where a new piece starts, with the evidence for each. ``relogged``:
+    steps most series log twice (``relogged_steps``); a repeat there is a process logging again."""
     cuts: dict[int, list[Evidence]] = {}
     steps = spine.steps
     if len(steps) < 2:
@@ -65,13 +94,18 @@ def find_cuts(spine: Series, runtime: Series | None, *, config: BoundaryConfig) 
     for i in back:  # a rewind re-logs steps: the duplicates make it a duplicate_steps case too
         if "duplicate_steps" not in cuts[int(i)]:
             cuts[int(i)].append("duplicate_steps")
+    pauses: set[int] = set()
     if spine.wall_times is not None and len(spine.wall_times) > 2:
         wall = spine.wall_times
         step_time = _median_interval(wall)
         threshold = max(config.min_gap_seconds, config.gap_factor * step_time)
-        gaps = np.nonzero(np.diff(wall) > threshold)[0] + 1
+        d = np.diff(wall)
+        gaps = np.nonzero(d > threshold)[0] + 1
         for i in gaps:
             cuts.setdefault(int(i), []).append("time_gap")
+        # a gap's like may sit just under the threshold: compare with every pause of that size
+        notable = np.nonzero(d > threshold / config.pause_family_ratio)[0] + 1
+        pauses = _pause_family(gaps, d[gaps - 1], among=d[notable - 1], ratio=config.pause_family_ratio)
     if runtime is not None and len(runtime) > 1 and spine.wall_times is not None and runtime.wall_times is not None:
         drops = np.nonzero(np.diff(runtime.values) < -1e-6)[0] + 1
         for j in drops:
@@ -79,7 +113,29 @@ def find_cuts(spine: Series, runtime: Series | None, *, config: BoundaryConfig) 
             i = int(np.searchsorted(spine.wall_times, t, side="left"))
             if 0 < i < len(steps):
                 cuts.setdefault(i, []).append("runtime_reset")
-    return sorted(cuts.items())
+    relogged = relogged or set()
+    return [(i, ev) for i, ev in sorted(cuts.items())
+            if _strong_enough(ev, routine_pause=i in pauses, relogged=int(steps[i]) in relogged)]
+
+
+def _strong_enough(evidence: list[Evidence], *, routine_pause: bool, relogged: bool) -> bool:
+    """Whether marks inside one piece make a restart (see the module's docstring)."""
+    if "step_rewind" in evidence or "runtime_reset" in evidence:
+        return True
+    if "duplicate_steps" in evidence and relogged:
+        return True
+    return "time_gap" in evidence and not routine_pause
+
+
+def _pause_family(index: np.ndarray, lengths: np.ndarray, *, among: np.ndarray, ratio: float) -> set[int]:
+    """Gaps that have a like among the run's pauses (``among`` includes them): two or more pauses of
+    about the same length are the run's routine."""
+    out: set[int] = set()
+    for i, g in zip(index, lengths):
+        like = np.sum((among >= g / ratio) & (among <= g * ratio))
+        if like >= 2:
+            out.add(int(i))
+    return out
 
 
 def _split_series(s: Series, cut_times: list[float] | None, n_cuts: int) -> list[Series]:
@@ -100,7 +156,7 @@ def split_segment(segment: Segment, index: int, *, prefer: str | None, config: B
     spine = _spine(segment.series, prefer)
     if spine is None:
         return [Piece(dict(segment.series), index)]
-    cuts = find_cuts(spine, segment.series.get("_runtime"), config=config)
+    cuts = find_cuts(spine, segment.series.get("_runtime"), config=config, relogged=relogged_steps(segment.series))
     if not cuts:
         return [Piece(dict(segment.series), index)]
     cut_times = None

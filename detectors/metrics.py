@@ -138,36 +138,12 @@ def to_framework_steps(segment: Segment, axis: str) -> Segment:
 
 
 def declared_reference_resets(config: dict) -> str | None:
-    """A config key that declares the reference is reset on purpose (SPEC: judged ``intentional``).
+    """The config entries that declare reference updates on purpose, or None (read as each framework
+    means them: ``detectors.declarations``; a key merely named like one declares nothing)."""
+    from .declarations import reference_schedules
 
-    Returns the key (for the explanation) or None. Keys like ``reference_reset_interval``,
-    ``ref_update_interval``, ``sync_ref_model``, ``ref_model_sync_steps`` count when truthy.
-    """
-    for key, value in flatten(config).items():
-        leaf = key.lower().rsplit(".", 1)[-1].rsplit("/", 1)[-1]
-        if not re.search(r"ref", leaf):
-            continue
-        if not re.search(r"(reset|update|sync|refresh|reinit)", leaf):
-            continue
-        if _truthy(value):
-            return key
-    return None
-
-
-def _truthy(value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)):
-        return value > 0
-    if isinstance(value, str):
-        v = value.strip().lower()
-        if v in {"", "0", "false", "no", "none", "null", "off", "never", "0.0"}:
-            return False
-        try:
-            return float(v) > 0
-        except ValueError:
-            return True
-    return bool(value)
+    schedules = reference_schedules(config)
+    return schedules[0].describe() if schedules else None
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, object]:

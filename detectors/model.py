@@ -111,11 +111,54 @@ class Segment:
             return None, None
         return int(min(x.min() for x in steps)), int(max(x.max() for x in steps))
 
+    def extent(self, prefer: tuple[str, ...] = ()) -> tuple[int | None, int | None]:
+        """Where this process's training starts and ends on the step axis (``extent_of``)."""
+        first, last = extent_of(self.series, prefer=prefer)
+        return (first, last) if first is not None else self.step_range()
+
     def first_wall_time(self) -> float | None:
         times = [s.wall_times[0] for s in self.series.values() if s.wall_times is not None and len(s)]
         if times:
             return float(min(times))
         return self.start_time
+
+
+def _bulk(series: dict[str, Series]) -> list[Series]:
+    """The series that carry the training: logged at many steps, not one-shot setup or summary keys."""
+    keys = [s for n, s in series.items() if not n.startswith("_") and len(s)]
+    if not keys:
+        return []
+    longest = max(len(s) for s in keys)
+    return [s for s in keys if len(s) >= max(3, 0.1 * longest)] or keys
+
+
+def extent_of(series: dict[str, Series], *, prefer: tuple[str, ...] = ()) -> tuple[int | None, int | None]:
+    """First and last step of the training a piece of log holds: the KL's own (the first of ``prefer``
+    logged at two steps or more), else where most series start and end.
+
+    Not the earliest point of any key: frameworks log setup timings at step 0 in every launch
+    (NeMo-RL ``timing/setup/*``) and summaries at the end, which would make each resumed launch look
+    like a fresh start.
+    """
+    for name in prefer:
+        s = series.get(name)
+        if s is not None and len(s) >= 2:
+            return int(s.steps.min()), int(s.steps.max())
+    bulk = _bulk(series)
+    if not bulk:
+        return None, None
+    return int(np.median([s.steps.min() for s in bulk])), int(np.median([s.steps.max() for s in bulk]))
+
+
+def cadence_of(series: dict[str, Series], *, prefer: tuple[str, ...] = ()) -> int:
+    """Steps between two logged points (TRL logs every ``logging_steps``): the KL's, else the bulk's."""
+    chosen = [series[n] for n in prefer if n in series and len(series[n]) >= 2][:1] or _bulk(series)
+    diffs = [np.diff(np.unique(s.steps)) for s in chosen if len(s) >= 2]
+    diffs = [d[d > 0] for d in diffs]
+    diffs = [d for d in diffs if len(d)]
+    if not diffs:
+        return 1
+    return max(1, int(np.median([np.median(d) for d in diffs])))
 
 
 @dataclass
@@ -171,6 +214,8 @@ class Lineage:
     """The framework global-step metric used as x axis, or None for the tracker's step."""
     kl_metric: str | None = None
     """The reference-KL series chosen for this run, or None when none is logged."""
+    notes: list[str] = field(default_factory=list)
+    """Why its pieces are one run: every join of tracker pieces and every cut, in words."""
 
     def metric_names(self) -> list[str]:
         names: set[str] = set()

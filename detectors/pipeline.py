@@ -14,12 +14,14 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from .boundaries import BoundaryConfig, infer_boundaries, split_segment
-from .metrics import choose_kl_metric, declared_reference_resets, is_negated, step_axis_metric, to_framework_steps
-from .model import Boundary, BoundaryVerdict, Finding, Lineage, LineageResult, Segment, Series, SourceError, SourceRead
+from .boundaries import BoundaryConfig, Piece, infer_boundaries, split_segment
+from .declarations import ReferenceSchedule, explain_boundary, reference_schedules, schedule_note
+from .metrics import choose_kl_metric, is_negated, step_axis_metric, to_framework_steps
+from .model import (Boundary, BoundaryVerdict, Finding, Lineage, LineageResult, Segment, Series, SourceError,
+                    SourceRead, cadence_of, extent_of)
 from .reference_reset import ReferenceResetConfig, judge_boundary, typical_kl
 from .sources import read_source, split_pattern
-from .stitching import StitchConfig, stitch
+from .stitching import StitchConfig, starts_over, stitch
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,8 @@ def build_lineages(segments: list[Segment], *, config: ScanConfig) -> list[Linea
     for s in segments:
         a = step_axis_metric(s) if not s.error else None
         on_axis.append(to_framework_steps(s, a) if a else s)
-    for lid, name, segs in stitch(on_axis, config=config.stitch):
+    notes: dict[int, list[str]] = {}
+    for lid, name, segs in stitch(on_axis, config=config.stitch, metrics=tuple(config.metrics), notes=notes):
         data = [s for s in segs if s.kind != "checkpoints" and not s.error]
         ckpt_segs = [s for s in segs if s.kind == "checkpoints"]
         if not data:  # a checkpoint folder alone: its trainer_state log history is the data
@@ -104,17 +107,52 @@ def build_lineages(segments: list[Segment], *, config: ScanConfig) -> list[Linea
         merged_config: dict = {}
         for s in data or segs:
             merged_config.update(s.config)
-        # data segments first: piece_segments index into them
-        lineage = Lineage(id=lid, name=name, segments=data + [s for s in segs if all(s is not d for d in data)],
-                          config=merged_config, checkpoint_steps=checkpoint_steps, step_axis=axis)
-        lineage.boundaries = infer_boundaries(data, pieces, metric=metric, checkpoint_steps=checkpoint_steps,
-                                              declared_steps=list(config.declared_restarts) + list(config.intentional_resets),
-                                              config=config.boundaries)
-        lineage.pieces = [p.series for p in pieces]  # declared restarts may have cut a piece
-        lineage.piece_segments = [p.segment_index for p in pieces]
-        lineage.kl_metric = metric
-        lineages.append(lineage)
+        lineage_notes = [n for s in segs for n in notes.get(id(s), [])]
+        runs = _from_scratch_runs(pieces, metric=metric, checkpoint_steps=checkpoint_steps)
+        for k, run_pieces in enumerate(runs):
+            # data segments first: piece_segments index into them
+            lineage = Lineage(id=lid if k == 0 else f"{lid}#run{k + 1}", name=name if k == 0 else f"{name} (run {k + 1})",
+                              segments=data + [s for s in segs if all(s is not d for d in data)],
+                              config=merged_config, checkpoint_steps=checkpoint_steps, step_axis=axis,
+                              notes=list(lineage_notes))
+            if len(runs) > 1:
+                first = extent_of(run_pieces[0].series, prefer=(metric,) if metric else ())[0]
+                lineage.notes.append(
+                    f"run {k + 1} of {len(runs)} logged into the same tracker piece: " +
+                    ("the steps go back to the first step with no checkpoint behind them, so a new run from scratch "
+                     f"starts at step {first}" if k else "later rows start the run again from scratch"))
+            lineage.boundaries = infer_boundaries(data, run_pieces, metric=metric, checkpoint_steps=checkpoint_steps,
+                                                  declared_steps=list(config.declared_restarts) + list(config.intentional_resets),
+                                                  config=config.boundaries)
+            lineage.pieces = [p.series for p in run_pieces]  # declared restarts may have cut a piece
+            lineage.piece_segments = [p.segment_index for p in run_pieces]
+            lineage.kl_metric = metric
+            lineages.append(lineage)
     return lineages
+
+
+def _from_scratch_runs(pieces: list[Piece], *, metric: str | None, checkpoint_steps: list[int]) -> list[list[Piece]]:
+    """Split a run's pieces where its steps go back to its first step inside one tracker piece (a table
+    or a tracker run that a from-scratch re-run was appended to): no checkpoint lies behind the first
+    step, so that is a new training run, not a resume. Across tracker pieces stitching decides."""
+    prefer = (metric,) if metric else ()
+    runs: list[list[Piece]] = []
+    run_first: int | None = None
+    for p in pieces:
+        first = extent_of(p.series, prefer=prefer)[0]
+        rewound_in_place = "step_rewind" in p.cut_evidence
+        every = cadence_of(runs[-1][0].series, prefer=prefer) if runs else 1
+        if runs and rewound_in_place and starts_over(first, run_first, every) and \
+                not any(first is not None and c < first for c in checkpoint_steps):
+            runs.append([p])
+            run_first = first
+            continue
+        if not runs:
+            runs.append([p])
+            run_first = first
+        else:
+            runs[-1].append(p)
+    return runs or [[]]
 
 
 def _kl(piece: dict[str, Series], metric: str) -> Series | None:
@@ -160,7 +198,7 @@ def judge_lineage(lineage: Lineage, *, config: ScanConfig) -> LineageResult:
     start = None
     if first is not None and len(first) >= 3 and (first.steps[0] <= 1 or first.values[0] < 0.05 * scale):
         start = first
-    declared_key = declared_reference_resets(lineage.config)
+    schedules = reference_schedules(lineage.config, cli_steps=tuple(config.intentional_resets))
     for b in lineage.boundaries:
         after = kl_pieces[b.piece_index]
         before = next((kl_pieces[j] for j in range(b.piece_index - 1, -1, -1) if kl_pieces[j] is not None), None)
@@ -168,14 +206,8 @@ def judge_lineage(lineage: Lineage, *, config: ScanConfig) -> LineageResult:
             _unjudged(result, [b], "No KL logged on both sides of this boundary.")
             continue
         v = judge_boundary(b, before, after, start=start, scale=scale, config=config.reference_reset)
-        on_purpose = declared_key is not None or any(abs(s - b.step) <= 1 or s == b.resumed_from_step
-                                                     for s in config.intentional_resets)
-        if v.verdict == "reference_reset" and on_purpose:
-            v.verdict = "intentional"
-            why = (f"the run's config declares it ({declared_key})" if declared_key
-                   else "it was declared with --intentional-reset")
-            v.explanation = (f"KL fell from {v.kl_before:.3g} to {v.kl_after:.3g} at the resume at step {b.step}, "
-                             f"a reference reset that is intentional: {why}.")
+        if v.verdict == "reference_reset":
+            _apply_declarations(v, schedules, before=before, after=after)
         result.verdicts.append(v)
     verdicts = {v.verdict for v in result.verdicts}
     if "reference_reset" in verdicts:
@@ -185,6 +217,37 @@ def judge_lineage(lineage: Lineage, *, config: ScanConfig) -> LineageResult:
     if errors:
         result.error = "; ".join(errors)
     return _with_findings(result, config)
+
+
+def _apply_declarations(v: BoundaryVerdict, schedules: list[ReferenceSchedule], *, before: Series,
+                        after: Series) -> None:
+    """A reset the run declared is ``intentional``; a mixing sync (alpha < 1) cannot take the KL to ~0,
+    so a drop far deeper than its mix predicts stays in doubt rather than excused."""
+    b = v.boundary
+    exp = explain_boundary(schedules, step=b.step, resumed_from=b.resumed_from_step,
+                           last_before=int(before.steps[-1]) if len(before) else None)
+    if exp is None:
+        note = schedule_note(schedules, step=b.step)
+        if note:
+            v.explanation = f"{v.explanation} {note}"
+        return
+    alpha = exp.schedule.alpha
+    fell = f"KL fell from {v.kl_before:.3g} to {v.kl_after:.3g} at the resume at step {b.step}"
+    first_after = next((float(x) for x in after.values if np.isfinite(x)), None)
+    if not exp.schedule.full and v.kl_before and first_after is not None and \
+            first_after / v.kl_before < MIXUP_DEPTH_SLACK * (1 - alpha) ** 2:
+        v.verdict = "inconclusive"
+        v.explanation = (f"{fell}, far deeper than a reference sync mixing {alpha:g} of the policy predicts "
+                         f"(~{(1 - alpha) ** 2:.0%} of the level; {exp.why}): the reference may have been "
+                         "rebuilt from the resumed weights.")
+        return
+    v.verdict = "intentional"
+    v.explanation = f"{fell}, a reference update that is intentional: {exp.why}."
+
+
+MIXUP_DEPTH_SLACK = 0.25
+"""A sync with mixing weight alpha leaves about (1 - alpha)^2 of the KL; a drop under this share of
+that is deeper than the sync explains."""
 
 
 def _unjudged(result: LineageResult, boundaries: list[Boundary], why: str) -> None:

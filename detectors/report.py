@@ -56,8 +56,9 @@ def boundary_dict(v: BoundaryVerdict) -> dict[str, Any]:
 def lineage_dict(r: LineageResult) -> dict[str, Any]:
     lin = r.lineage
     members = []
+    prefer = (lin.kl_metric,) if lin.kl_metric else ()
     for seg in lin.segments:
-        first, last = seg.step_range()
+        first, last = seg.extent(prefer)  # where its training starts and ends, not a setup key's step 0
         members.append({"kind": seg.kind, "ref": seg.ref, "first_step": first, "last_step": last})
     boundaries = [boundary_dict(v) for v in r.verdicts]  # the pipeline gives every boundary a verdict
     boundaries.sort(key=lambda d: d["step"])
@@ -74,6 +75,7 @@ def lineage_dict(r: LineageResult) -> dict[str, Any]:
         "error": r.error,
         "step_axis": lin.step_axis,
         "warnings": warnings,
+        "stitching": list(lin.notes),
     }
 
 

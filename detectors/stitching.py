@@ -16,16 +16,23 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from .metrics import flatten
-from .model import Segment
+from .metrics import choose_kl_metric, flatten
+from .model import Segment, cadence_of
 
 # Config keys that legitimately change from one launch of a run to the next.
 _PER_LAUNCH = re.compile(
     r"(resume|checkpoint|ckpt|output|_dir|dir$|path|time|date|_id$|^id$|host|node|slurm|port|wandb|"
     r"launch|restart|seed|pid|rank|world|device|cuda|run_name|logging|log_dir|save|load|model_name|"
     r"name_or_path|max_steps|num_train_epochs|total|exp_name|experiment)", re.I)
-_LAUNCH_SUFFIX = re.compile(r"([-_.](resume|restart|retry|relaunch|cont|continued|part|launch|r|v|try|attempt)"
-                            r"?[-_.]?\d+|[-_.](resumed?|restarted))$", re.I)
+# Only a suffix that says "launch" is one: a bare number numbers runs (run-0000 ... run-0099, seeds,
+# versions), and stripping it would merge different training runs.
+_LAUNCH_SUFFIX = re.compile(r"([-_.](resume|restart|retry|relaunch|cont|continued|part|launch|try|attempt)"
+                            r"[-_.]?\d+|[-_.](resumed?|restarted))$", re.I)
+# A folder per launch beside the last one: a launch counter (attempt2, exp_002, version_3), a date
+# stamp (HF's runs/Dec01_13-05-59_host, 2026-12-01_13-05), or a launch word.
+_LAUNCH_FOLDER = re.compile(r"^([A-Za-z]*[-_.]?)?\d+$|^[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}|"
+                            r"^\d{4}-?\d{2}-?\d{2}([T_ -]?\d{2}[-:]?\d{2})?|"
+                            r"(resume|restart|retry|relaunch|attempt|launch|try)", re.I)
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,8 @@ def _key(seg: Segment, config: StitchConfig) -> str:
         if config.group_by in flat:
             return f"by:{flat[config.group_by]}"
     if seg.kind == "tensorboard":
-        # NeMo-RL and others open a new folder per launch (logs/exp_001, logs/exp_002): strip the counter
+        # a folder per launch (NeMo-RL logs/exp_001, exp_002; HF runs/<date>_<host>) is joined later,
+        # by the step axis continuing, not by its name
         folder = seg.group or seg.run_id or seg.ref
         return "dir:" + "/".join(base_name(part) or part for part in PurePosixPath(folder).parts)
     if seg.group:
@@ -97,18 +105,40 @@ def _span(seg: Segment) -> tuple[float | None, float | None]:
     return min(starts), max(ends)
 
 
-def _order_key(seg: Segment) -> tuple[float, int]:
+@dataclass(frozen=True)
+class _Shape:
+    """Where a piece's training starts and ends on the step axis, and how often it logs."""
+
+    first: int | None
+    last: int | None
+    every: int
+
+
+def _shape(seg: Segment, prefer: tuple[str, ...]) -> _Shape:
+    first, last = seg.extent(prefer)
+    return _Shape(first, last, cadence_of(seg.series, prefer=prefer))
+
+
+def _order_key(seg: Segment, shape: _Shape) -> tuple[float, int]:
     start = seg.first_wall_time()
-    first, _ = seg.step_range()
-    return (start if start is not None else float("inf"), first if first is not None else 0)
+    return (start if start is not None else float("inf"), shape.first if shape.first is not None else 0)
 
 
-def _split_chain(segs: list[Segment], *, explicit: bool) -> list[list[Segment]]:
+def starts_over(first: int | None, run_first: int | None, every: int) -> bool:
+    """A piece whose training starts where the run's did is a new run from scratch, not a resume: no
+    checkpoint lies behind the run's first step. "Where" allows for a first step of 0 or 1 and for the
+    logging interval (a resume from the first checkpoint of a run logging every 5 steps shows first at
+    the checkpoint + 5)."""
+    return first is not None and run_first is not None and first <= run_first + max(1, every - 1)
+
+
+def _split_chain(segs: list[Segment], *, explicit: bool, shapes: dict[int, _Shape],
+                 notes: dict[int, list[str]]) -> list[list[Segment]]:
     """Within one key, start a new training run where a piece starts over, overlaps or disagrees."""
-    segs = sorted(segs, key=_order_key)
+    segs = sorted(segs, key=lambda x: _order_key(x, shapes[id(x)]))
     chains: list[list[Segment]] = []
     for seg in segs:
-        first, _ = seg.step_range()
+        sh = shapes[id(seg)]
         placed = False
         for chain in chains:
             if explicit:
@@ -116,15 +146,19 @@ def _split_chain(segs: list[Segment], *, explicit: bool) -> list[list[Segment]]:
                 placed = True
                 break
             last = chain[-1]
-            run_first = min((s.step_range()[0] for s in chain if s.step_range()[0] is not None), default=None)
+            run_first = min((shapes[id(x)].first for x in chain if shapes[id(x)].first is not None), default=None)
             l_start, l_end = _span(last)
             s_start, _ = _span(seg)
             # a W&B/MLflow run resumed in place keeps its id; event files share their folder's id
             new_run = seg.run_id != last.run_id or seg.kind == "tensorboard"
             overlaps = new_run and l_end is not None and s_start is not None and s_start < l_end - 1e-6
-            starts_over = new_run and first is not None and run_first is not None and first <= run_first
-            if overlaps or starts_over or not configs_agree(last.config, seg.config):
+            # the run's own logging interval: a fresh run logs on its grid from its first step
+            over = new_run and starts_over(sh.first, run_first, shapes[id(chain[0])].every)
+            if overlaps or over or not configs_agree(last.config, seg.config):
                 continue
+            notes.setdefault(id(seg), []).append(
+                f"{seg.ref} joined {last.ref}: same {_what(seg)}, its steps continue from {shapes[id(last)].last} "
+                f"to {sh.first}" if sh.first is not None else f"{seg.ref} joined {last.ref}: same {_what(seg)}")
             chain.append(seg)
             placed = True
             break
@@ -133,12 +167,27 @@ def _split_chain(segs: list[Segment], *, explicit: bool) -> list[list[Segment]]:
     return chains
 
 
-def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig()) -> list[tuple[str, str, list[Segment]]]:
+def _what(seg: Segment) -> str:
+    if seg.kind == "tensorboard":
+        return "folder"
+    if seg.group:
+        return f"group {seg.group!r}"
+    if seg.name:
+        return f"name {seg.name!r}"
+    return "run id"
+
+
+def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig(), metrics: tuple[str, ...] = (),
+           notes: dict[int, list[str]] | None = None) -> list[tuple[str, str, list[Segment]]]:
     """Group segments into training runs: a list of (lineage id, name, segments in start order).
 
     Error segments stay alone (their run is reported with its error); checkpoint folders join the
-    training run of the same name in the same source, or the only one there.
+    training run of the same name in the same source, or the only one there. ``metrics`` are the
+    ``--metric`` patterns (the KL decides where a piece starts); ``notes``, when given, receives the
+    reason for every join, keyed by ``id()`` of the segment joined.
     """
+    notes = {} if notes is None else notes
+    shapes = {id(seg): _shape(seg, _prefer(seg, metrics)) for seg in segments if not seg.error}
     out: list[tuple[str, str, list[Segment]]] = []
     by_store: dict[tuple[str, str], dict[str, list[Segment]]] = {}
     checkpoints: list[Segment] = []
@@ -155,7 +204,7 @@ def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig()) ->
     lineages: list[tuple[str, str, list[Segment]]] = []
     for (source, store), groups in by_store.items():
         for key, segs in groups.items():
-            chains = _split_chain(segs, explicit=key.startswith(("map:", "by:")))
+            chains = _split_chain(segs, explicit=key.startswith(("map:", "by:")), shapes=shapes, notes=notes)
             for n, chain in enumerate(chains):
                 name = _lineage_name(key, chain)
                 lid = f"{chain[0].kind}:{_store_label(source, store)}:{key.split(':', 1)[1]}"
@@ -164,7 +213,7 @@ def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig()) ->
                     name += f" #{n + 1}"
                 lineages.append((lid, name, chain))
     if not config.lineage_map and not config.group_by:
-        lineages = _join_continuations(lineages)
+        lineages = _join_continuations(lineages, shapes=shapes, notes=notes)
 
     for ck in checkpoints:
         target = _checkpoint_owner(ck, lineages)
@@ -173,6 +222,11 @@ def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig()) ->
         else:
             lineages.append((f"checkpoints:{ck.ref}", ck.name or ck.ref, [ck]))
     return out + lineages
+
+
+def _prefer(seg: Segment, metrics: tuple[str, ...]) -> tuple[str, ...]:
+    kl = choose_kl_metric([seg], patterns=metrics or None)
+    return (kl,) if kl else ()
 
 
 def _store_key(seg: Segment) -> tuple[str, str]:
@@ -188,15 +242,16 @@ class _ChainSpan:
     last: int | None
     start: float | None
     end: float | None
+    every: int
 
     @classmethod
-    def of(cls, chain: list[Segment]) -> "_ChainSpan":
-        steps = [r for r in (s.step_range() for s in chain) if r[0] is not None]
+    def of(cls, chain: list[Segment], shapes: dict[int, _Shape]) -> "_ChainSpan":
+        steps = [(shapes[id(s)].first, shapes[id(s)].last) for s in chain if shapes[id(s)].first is not None]
         clock = [_span(s) for s in chain]
         starts = [a for a, _ in clock if a is not None]
         ends = [b for _, b in clock if b is not None]
         return cls(min((a for a, _ in steps), default=None), max((b for _, b in steps), default=None),  # type: ignore[type-var]
-                   min(starts, default=None), max(ends, default=None))
+                   min(starts, default=None), max(ends, default=None), max(shapes[id(s)].every for s in chain))
 
     def absorb(self, other: "_ChainSpan") -> None:
         def lo(a, b):  # type: ignore[no-untyped-def]
@@ -207,39 +262,76 @@ class _ChainSpan:
 
         self.first, self.last = lo(self.first, other.first), hi(self.last, other.last)
         self.start, self.end = lo(self.start, other.start), hi(self.end, other.end)
+        self.every = max(self.every, other.every)
 
 
-def _join_continuations(lineages: list[tuple[str, str, list[Segment]]]) -> list[tuple[str, str, list[Segment]]]:
+def _store_path(seg: Segment) -> str:
+    return (seg.store or seg.source).partition("#")[0]
+
+
+def sibling_stores(a: Segment, b: Segment) -> bool:
+    """Two stores that are launch folders side by side (``attempt1/wandb``, ``attempt2/wandb``;
+    ``logs/exp_001``, ``logs/exp_002``): paths that differ in one folder, named like a launch on
+    both sides. Being siblings only makes two pieces candidates for a join; the steps decide."""
+    if _store_key(a) == _store_key(b):
+        return True
+    if a.source != b.source or (a.store or "").partition("#")[2] != (b.store or "").partition("#")[2]:
+        return False
+    pa, pb = PurePosixPath(_store_path(a)).parts, PurePosixPath(_store_path(b)).parts
+    if len(pa) != len(pb):
+        return False
+    diff = [(x, y) for x, y in zip(pa, pb) if x != y]
+    return len(diff) == 1 and all(_LAUNCH_FOLDER.search(part) for part in diff[0])
+
+
+def _join_continuations(lineages: list[tuple[str, str, list[Segment]]], *, shapes: dict[int, _Shape],
+                        notes: dict[int, list[str]]) -> list[tuple[str, str, list[Segment]]]:
     """Join a run that starts mid-way to the one it continues, whatever their names.
 
-    A relaunch can get a fresh random name (``happy-sky-12``) and no group. If a piece begins at a
-    later step, in the same store, after another run ended there, with a config that agrees, and that
-    run reached the step it resumes from, it is that run's continuation (issue: "the step axis of one
-    continuing where another's checkpoint left off"). Only a unique candidate is joined.
+    A relaunch can get a fresh random name (``happy-sky-12``), no group, and a folder of its own
+    beside the last launch's. If a piece begins at a later step, in the same store or a sibling launch
+    folder, after another run ended there, with a config that agrees, and that run reached the step
+    it resumes from (within one logging interval), it is that run's continuation. A piece that starts
+    where a run started is a new run from scratch, never a continuation. Only a unique candidate is
+    joined.
 
     Chains are taken in start order, so a continuation of a continuation finds its parent already
     joined: one pass, with each chain's extent computed once.
     """
-    spans = [_ChainSpan.of(chain) for _, _, chain in lineages]
+    spans = [_ChainSpan.of(chain, shapes) for _, _, chain in lineages]
     order = sorted(range(len(lineages)), key=lambda i: (spans[i].start is None, spans[i].start or 0.0))
     joined_into: dict[int, int] = {}
     chains = {i: list(lineages[i][2]) for i in range(len(lineages))}
     for i in order:
         sp = spans[i]
-        if sp.first is None or sp.start is None or sp.first <= 1:
+        if sp.first is None or sp.start is None:
             continue
-        store = (_store_key(chains[i][0]), chains[i][0].kind)
+        head = chains[i][0]
+
+        def continues(j: int) -> bool:
+            sj = spans[j]
+            if None in (sj.first, sj.last, sj.end) or sj.end > sp.start:  # type: ignore[operator]
+                return False
+            return (not starts_over(sp.first, sj.first, sj.every)
+                    and sj.first < sp.first <= sj.last + max(sj.every, sp.every))  # type: ignore[operator]
+
         candidates = [j for j in chains if j != i and j not in joined_into
-                      and (_store_key(chains[j][0]), chains[j][0].kind) == store
-                      and None not in (spans[j].first, spans[j].last, spans[j].end)
-                      and spans[j].end <= sp.start  # type: ignore[operator]
-                      and spans[j].first < sp.first <= spans[j].last + 1  # type: ignore[operator]
-                      and configs_agree(chains[j][-1].config, chains[i][0].config)]
-        if len(candidates) == 1:
-            j = candidates[0]
+                      and chains[j][0].kind == head.kind and sibling_stores(chains[j][0], head)
+                      and continues(j) and configs_agree(chains[j][-1].config, head.config)]
+        same_store = [j for j in candidates if _store_key(chains[j][0]) == _store_key(head)]
+        if len(same_store) == 1 or (not same_store and len(candidates) == 1):
+            j = (same_store or candidates)[0]
+            parent = chains[j][-1]
+            notes.setdefault(id(head), []).append(
+                f"{head.ref} joined {parent.ref}: its steps continue the run's (from {spans[j].last} to {sp.first}), "
+                + ("in the same store" if _store_key(parent) == _store_key(head) else "in a launch folder beside it")
+                + ", configs agree")
             chains[j].extend(chains[i])
             spans[j].absorb(sp)
             joined_into[i] = j
+        elif len(candidates) > 1:
+            notes.setdefault(id(head), []).append(
+                f"{head.ref} continues the steps of {len(candidates)} runs: left apart (join it with --lineage)")
     return [(lid, name, chains[i]) for i, (lid, name, _) in enumerate(lineages) if i not in joined_into]
 
 
@@ -262,7 +354,7 @@ def _checkpoint_owner(ck: Segment, lineages: list[tuple[str, str, list[Segment]]
         named = [lin for lin in same_source if base_name(ck.name) in (base_name(lin[1]), lin[1])]
         if len(named) == 1:
             return named[0]
-    home = str(PurePosixPath(ck.ref).parent)
+    home = ck.ref  # the folder holding the checkpoint-N / step_N folders
     depths = [(max(_common_depth(home, str(PurePosixPath(s.ref).parent)) for s in lin[2]), i)
               for i, lin in enumerate(same_source)]
     if depths:

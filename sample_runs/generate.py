@@ -315,7 +315,7 @@ def manifest_entry(done: dict[str, Any], *, out: Path) -> dict[str, Any]:
             window = [kl_by_step[s] for s in sorted(kl_by_step) if s <= resumed][-3:]
             level = sum(window) / len(window) if window else 0.0
             if r["reference_from"] == "declared-resnapshot":
-                verdict, why = "intentional", "the config declares reference_reset_interval"
+                verdict, why = "intentional", "the config declares reference_reset_on_resume"
             elif kl_disabled:
                 verdict, why = "inconclusive", "KL penalty off: the KL is 0 throughout"
             elif r["reference_from"] == "checkpoint":

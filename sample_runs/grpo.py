@@ -74,6 +74,8 @@ class TrainConfig:
     save_period: int = 10
     keep_last: int | None = None
     reference_reset_interval: int | None = None
+    reference_reset_on_resume: bool = False
+    """Re-take the reference at every resume as well (declared in the config, so judged intentional)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -484,8 +486,8 @@ def launch(
         load_checkpoint(state, path=ckpt_root / f"step_{resume_from}")
         ref = state.weights.copy()
         res.reference_from = "checkpoint"
-    if resume_from is not None and cfg.reference_reset_interval:
-        ref = state.weights.copy()  # the config declares reference resets, at resume too
+    if resume_from is not None and cfg.reference_reset_on_resume:
+        ref = state.weights.copy()  # the config declares reference resets at resume too
         res.reference_from = "declared-resnapshot"
     for part in lose:  # issue-6 faults: one piece of state re-created instead of restored
         if part == "scheduler":

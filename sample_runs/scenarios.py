@@ -86,9 +86,11 @@ def build(*, steps: int) -> dict[str, Scenario]:
                  tb_writer="tensorboard"),
         Scenario("kl-off", f"KL penalty off (kl_coef 0, KL logged as exactly 0), buggy resume at {crash}",
                  _resumes([crash], order="buggy"), {**base, "kl_coef": 0.0}, core=True),
-        Scenario("intentional-reset", f"the config declares reference_reset_interval={reset_interval}: the "
-                 f"reference is re-snapshotted every {reset_interval} steps and at the resume (step {crash})",
-                 _resumes([crash], order="fixed"), {**base, "reference_reset_interval": reset_interval},
+        Scenario("intentional-reset", f"the config declares reference_reset_interval={reset_interval} and "
+                 f"reference_reset_on_resume: the reference is re-snapshotted every {reset_interval} steps and at "
+                 f"the resume (step {crash})",
+                 _resumes([crash], order="fixed"),
+                 {**base, "reference_reset_interval": reset_interval, "reference_reset_on_resume": True},
                  core=True, tb_writer="tensorboard"),
         Scenario("early-resume-buggy", f"buggy resume at step {early}, before the KL has grown: "
                  "nothing to judge yet",

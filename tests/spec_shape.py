@@ -30,6 +30,8 @@ def check_report(report: dict) -> None:
         assert lin["status"] in STATUSES, lin["status"]
         assert _opt(lin["metric"], str)
         assert _opt(lin["error"], str)
+        # additions: why the pieces are one run (README "Additions to the contract")
+        assert all(isinstance(n, str) and n for n in lin.get("stitching", []))
         for m in lin["members"]:
             assert m["kind"] in KINDS and isinstance(m["ref"], str)
             assert _opt(m["first_step"], int) and _opt(m["last_step"], int)

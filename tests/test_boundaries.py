@@ -28,41 +28,59 @@ def process_runs(draw):
     return procs
 
 
-def one_segment(procs, *, with_clock: bool, rng: np.random.Generator) -> Segment:
-    steps, walls = [], []
+def one_segment(procs, *, with_clock: bool, rng: np.random.Generator, runtime: bool = False,
+                gaps: list[float] | None = None) -> Segment:
+    """One tracker run the processes all logged into; ``runtime`` logs a per-process runtime counter
+    (W&B's ``_runtime``), ``gaps`` the seconds each restart took (default: 300 s each)."""
+    steps, walls, runtimes = [], [], []
     t = 1e9
-    for a, b in procs:
+    for k, (a, b) in enumerate(procs):
+        started = t
         for s in range(a, b + 1):
             t += float(rng.uniform(0.8, 1.6))  # jittery step time
             steps.append(s)
             walls.append(t)
-        t += 300.0  # a restart takes minutes
+            runtimes.append(t - started)
+        t += gaps[k] if gaps and k < len(gaps) else 300.0  # a restart takes minutes
     vals = rng.uniform(0.01, 0.02, len(steps))
     series = {"kl": Series(steps, vals, walls if with_clock else None),
               "loss": Series(steps, vals * 3, walls if with_clock else None)}
+    if runtime:
+        series["_runtime"] = Series(steps, runtimes, walls if with_clock else None)
     return Segment(kind="mlflow", ref="r", source="s", run_id="r", series=series)
 
 
-def restarts_in_place(procs, *, with_clock: bool, seed: int):
+def restarts_in_place(procs, *, with_clock: bool, seed: int, runtime: bool = False, gaps: list[float] | None = None):
     """The pieces and boundaries found in one tracker run that the processes all logged into."""
-    seg = one_segment(procs, with_clock=with_clock, rng=np.random.default_rng(seed))
+    seg = one_segment(procs, with_clock=with_clock, rng=np.random.default_rng(seed), runtime=runtime, gaps=gaps)
     pieces = split_segment(seg, 0, prefer="kl", config=CFG)
     return pieces, infer_boundaries([seg], pieces, metric="kl", checkpoint_steps=[], declared_steps=[], config=CFG)
 
 
 @settings(max_examples=150, deadline=None)
 @given(process_runs(), st.integers(0, 2**31 - 1))
-def test_every_in_place_restart_is_found_with_a_clock(procs, seed):
-    pieces, bounds = restarts_in_place(procs, with_clock=True, seed=seed)
+def test_every_in_place_restart_is_found_with_a_clock_and_a_runtime_counter(procs, seed):
+    pieces, bounds = restarts_in_place(procs, with_clock=True, seed=seed, runtime=True)
     assert [b.step for b in bounds] == [a for a, _ in procs[1:]]
     for b, (prev, cur) in zip(bounds, zip(procs, procs[1:])):
-        assert "time_gap" in b.evidence
+        assert "time_gap" in b.evidence and "runtime_reset" in b.evidence
         if cur[0] <= prev[1]:
             assert "step_rewind" in b.evidence or "duplicate_steps" in b.evidence
         assert b.resumed_from_step == cur[0] - 1
     # every series is cut at the same restarts
     for p in pieces:
         assert np.array_equal(p.series["kl"].steps, p.series["loss"].steps)
+
+
+def test_a_lone_long_pause_in_a_reattached_run_is_a_restart_but_a_family_of_pauses_is_routine():
+    """An MLflow run re-attached with MLFLOW_RUN_ID continues its steps seamlessly: one gap like no
+    other is all it shows. Evaluation every N steps pauses the same way each time: no restart."""
+    procs = [(1, 30), (31, 60)]
+    _, bounds = restarts_in_place(procs, with_clock=True, seed=1)
+    assert [(b.step, b.evidence) for b in bounds] == [(31, ["time_gap"])]
+    evals = [(1, 10), (11, 20), (21, 30), (31, 40), (41, 50)]
+    _, bounds = restarts_in_place(evals, with_clock=True, seed=1, gaps=[40.0, 45.0, 38.0, 42.0])
+    assert bounds == []
 
 
 @settings(max_examples=150, deadline=None)

@@ -1,10 +1,10 @@
-"""Which series is the reference KL (SPEC.md "Metrics"), the global-step axis, and declared resets."""
+"""Which series is the reference KL (SPEC.md "Metrics") and the global-step axis."""
 
 from __future__ import annotations
 
 import pytest
 
-from detectors.metrics import (choose_kl_metric, declared_reference_resets, kl_candidates, to_framework_steps)
+from detectors.metrics import (choose_kl_metric, kl_candidates, to_framework_steps)
 from detectors.model import Segment, Series
 
 
@@ -41,16 +41,3 @@ def test_series_move_onto_the_framework_global_step():
     assert out.series["kl"].steps.tolist() == [41, 42, 43, 44]
     assert out.series["kl"].wall_times.tolist() == [10.0, 11.0, 12.0, 13.0]
     assert seg.series["kl"].steps.tolist() == [0, 1, 2, 3]  # the reader's segment is untouched
-
-
-@pytest.mark.parametrize("config,expected", [
-    ({"loss_fn": {"reference_reset_interval": 50}}, "loss_fn.reference_reset_interval"),
-    ({"ref_update_interval": 10}, "ref_update_interval"),
-    ({"sync_ref_model": True, "ref_model_sync_steps": 64}, "sync_ref_model"),
-    ({"sync_ref_model": False}, None),
-    ({"reference_reset_interval": 0}, None),
-    ({"ref_update_interval": "none"}, None),
-    ({"lr": 1e-6, "kl_coef": 0.1}, None),
-])
-def test_config_keys_that_declare_an_intentional_reference_reset(config, expected):
-    assert declared_reference_resets(config) == expected

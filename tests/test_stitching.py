@@ -51,7 +51,7 @@ def test_per_launch_config_keys_are_ignored():
                          {"lr": 1, "resume_from_checkpoint": "/ckpt/40", "output_dir": "/b", "model_name_or_path": "/ckpt/40"})
 
 
-def test_different_stores_are_never_stitched():
+def test_unrelated_stores_are_never_stitched():
     segs = [seg("a", "grpo", 1, 40, 0, store="one.db"), seg("b", "grpo", 41, 80, 1000, store="two.db")]
     assert groups(segs) == [["a"], ["b"]]
 
@@ -101,3 +101,41 @@ def test_a_relaunch_with_a_random_name_joins_the_run_it_continues():
 def test_a_continuation_with_two_possible_parents_is_left_alone():
     segs = [seg("a", "x1", 1, 40, 0), seg("b", "y1", 1, 45, 10), seg("c", "z1", 41, 80, 1000)]
     assert groups(segs) == [["a"], ["b"], ["c"]]
+
+
+def _with_setup_keys(segment: Segment) -> Segment:
+    """NeMo-RL logs its setup timings at step 0 in every launch."""
+    t0 = float(segment.series["kl"].wall_times[0]) - 30.0
+    for k in ("timing/setup/total", "timing/setup/vllm"):
+        segment.series[k] = Series(np.array([0]), np.array([12.5]), np.array([t0]))
+    return segment
+
+
+def test_setup_keys_logged_at_step_0_by_every_launch_do_not_make_a_launch_a_fresh_start():
+    segs = [_with_setup_keys(seg("a", "grpo", 1, 40, 0)), _with_setup_keys(seg("b", "grpo", 41, 80, 1000)),
+            _with_setup_keys(seg("c", "happy-sky-12", 81, 120, 2000))]
+    assert groups(segs) == [["a", "b", "c"]]
+    assert segs[1].extent(("kl",)) == (41, 80) and segs[1].step_range() == (0, 80)
+
+
+def test_launches_in_sibling_folders_with_sparse_logging_are_one_training_run():
+    """HF/TRL: a new W&B run per launch in a folder beside the last (attempt1/, attempt2/), logging every
+    5 steps, the resumed launch's first point one interval after the checkpoint."""
+    def sparse(run_id: str, first: int, last: int, t0: float, store: str) -> Segment:
+        s = seg(run_id, None, first, last, t0, kind="wandb-offline", store=store)
+        kl = s.series["kl"]
+        s.series["kl"] = kl.take(kl.steps % 5 == 0)
+        return s
+
+    segs = [sparse("a", 1, 40, 0, "src/attempt1/wandb"), sparse("b", 31, 80, 1000, "src/attempt2/wandb")]
+    assert groups(segs) == [["a", "b"]]
+    notes: dict[int, list[str]] = {}
+    stitch(segs, notes=notes)
+    assert any("launch folder beside it" in n for n in notes[id(segs[1])])
+
+
+def test_numbered_sibling_runs_each_from_their_first_step_stay_apart():
+    """run-0000 ... run-0011: a number that numbers runs is not a launch counter."""
+    segs = [seg(f"r{i}", f"run-{i:04d}", i % 2, 60 + i, 1000.0 * i, kind="tensorboard") for i in range(12)]
+    assert base_name("run-0007") == "run-0007" and base_name("lr-1e-5") == "lr-1e-5"
+    assert len(groups(segs)) == 12

@@ -24,9 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 
-from ..model import Finding, Lineage, LineageResult, Series
+from ..model import Finding, Lineage, LineageResult, extent_of
 from .base import FindingDetector, log_interval
 
 
@@ -39,9 +38,6 @@ class LostStepsConfig:
     the last step before it (one interval is the normal next point)."""
 
 
-def _steps(piece: dict[str, Series]) -> np.ndarray:
-    parts = [s.steps for n, s in piece.items() if not n.startswith("_") and len(s)]
-    return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
 
 class LostSteps(FindingDetector[LostStepsConfig]):
@@ -54,15 +50,19 @@ class LostSteps(FindingDetector[LostStepsConfig]):
             return []
         interval = self._interval(lineage)
         out: list[Finding] = []
+        prefer = (lineage.kl_metric,) if lineage.kl_metric else ()
+        extents = [extent_of(p, prefer=prefer) for p in lineage.pieces]
         for b in lineage.boundaries:
-            earlier = [_steps(p) for p in lineage.pieces[: b.piece_index]]
-            earlier = [s for s in earlier if len(s)]
-            after = _steps(lineage.pieces[b.piece_index]) if b.piece_index < len(lineage.pieces) else np.empty(0)
-            if not earlier or not len(after):
+            # the previous piece's training, not the earliest or latest point of any key: setup keys at
+            # step 0 and summaries at the end are not training steps
+            prev = next((extents[k] for k in range(b.piece_index - 1, -1, -1) if extents[k][0] is not None), None)
+            cur = extents[b.piece_index] if b.piece_index < len(extents) else (None, None)
+            if prev is None or cur[0] is None:
                 continue
-            high = int(max(int(s.max()) for s in earlier))
-            first = int(after.min())
+            high, first = int(prev[1]), int(cur[0])  # type: ignore[arg-type]
             c = b.resumed_from_step
+            if first <= high and high - min(first, c + 1 if c is not None else first) + 1 > high - int(prev[0]) + 1:  # type: ignore[arg-type]
+                continue  # more "lost" than the previous piece trained: two runs, not one resumed
             base = {"last_logged_before": high, "first_logged_after": first, "resumed_from_step": c,
                     "logging_interval": interval}
             if first <= high:
