@@ -196,9 +196,17 @@ def read_tensorboard_file(path: Path, *, ref: str, source: str) -> list[Segment]
 def _frame(data: bytes, *, ref: str, warnings: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Split the TFRecord stream and check both CRCs of every whole record.
 
-    Returns the data offset and length of each whole record. A record cut short at the end of the
-    file (a crash mid-write) is dropped with a warning; any CRC mismatch is an error, since after it
-    nothing in the file can be trusted.
+    Returns the data offset and length of each good record. What follows the last good record is
+    handled as TensorBoard's own readers handle it (the Python ``EventFileLoader`` and the Rust data
+    server both keep every record before the first unreadable one and stop there), with a warning
+    naming the file instead of silence:
+
+    - a record cut short at the end of the file, or a tail of zero bytes (a crash mid-write, the
+      file pre-extended with zeros), or a corrupt tail after which no whole record can be found:
+      the good records are kept, with a warning;
+    - a corrupt record with good records after it (damage in the middle of the file) is an error,
+      as before: TensorBoard would silently drop everything after it, and so would we;
+    - a first record that fails its CRC is an error (not a TFRecord event file?).
     """
     n = len(data)
     unpack = _LENGTH.unpack_from
@@ -206,7 +214,10 @@ def _frame(data: bytes, *, ref: str, warnings: list[str]) -> tuple[np.ndarray, n
     pos = 0
     while pos + 12 <= n:  # the only sequential part: each length says where the next record is
         heads.append(pos)
-        pos += unpack(data, pos)[0] + 16
+        length = unpack(data, pos)[0]
+        if not length and not any(data[pos + 8:pos + 12]):  # no record has an all-zero header: a zero tail
+            break
+        pos += length + 16
     if not heads:
         raise ReadError(f"no whole record in the event file: {n} bytes, shorter than a record header")
     buf = np.frombuffer(data, dtype=np.uint8)
@@ -215,21 +226,12 @@ def _frame(data: bytes, *, ref: str, warnings: list[str]) -> tuple[np.ndarray, n
     stored = np.ascontiguousarray(_le(buf, h + 8, 4)).view("<u4")[:, 0]
     computed = _mask(_crc32c_rows(_le(buf, h, 8)))
     bad = np.flatnonzero(computed != stored)
-    if len(bad):
-        k = int(bad[0])
-        raise ReadError(f"corrupt event file: CRC mismatch in the length header of record {k} "
-                        f"at byte {heads[k]}" + (" (not a TFRecord event file?)" if k == 0 else ""))
-    whole = len(heads)
-    if pos > n:  # the last header is whole but its record runs past the end of the file
-        whole -= 1
-        warnings.append(f"{ref}: truncated event file: the last record (at byte {heads[-1]}, "
-                        f"{int(lengths[-1]) + 16} bytes) is cut off after {n - heads[-1]} bytes "
-                        f"(crash mid-write?); kept {whole} whole records")
-    elif pos < n:
-        warnings.append(f"{ref}: truncated event file: {n - pos} stray bytes after the last whole "
-                        f"record (crash mid-write?); kept {whole} whole records")
-    if whole == 0:
-        raise ReadError(f"no whole record in the event file ({n} bytes; truncated)")
+    first_bad = int(bad[0]) if len(bad) else len(heads)
+    problem = (f"CRC mismatch in the length header of record {first_bad} at byte {heads[first_bad]}"
+               if len(bad) else None)
+    whole = first_bad
+    if whole and heads[whole - 1] + int(lengths[whole - 1]) + 16 > n:
+        whole -= 1  # the last header is whole but its record runs past the end of the file
     dstart = h[:whole] + 12
     dlen = lengths[:whole]
     dend = dstart + dlen
@@ -237,10 +239,54 @@ def _frame(data: bytes, *, ref: str, warnings: list[str]) -> tuple[np.ndarray, n
     computed = _mask(_crc32c_ranges(data, buf, start=dstart, length=dlen))
     bad = np.flatnonzero(computed != stored)
     if len(bad):
-        k = int(bad[0])
-        raise ReadError(f"corrupt event file: CRC mismatch in the data of record {k} at byte "
-                        f"{heads[k]} ({int(dlen[k])} bytes)")
-    return dstart, dlen
+        whole = int(bad[0])
+        problem = (f"CRC mismatch in the data of record {whole} at byte {heads[whole]} "
+                   f"({int(dlen[whole])} bytes)")
+    if problem is None:  # every record whole and good, except perhaps a cut-off last one
+        if whole < len(heads):
+            warnings.append(f"{ref}: truncated event file: the last record (at byte {heads[-1]}, "
+                            f"{int(lengths[-1]) + 16} bytes) is cut off after {n - heads[-1]} bytes "
+                            f"(crash mid-write?); kept {whole} whole records")
+        elif pos < n:
+            warnings.append(f"{ref}: truncated event file: {n - pos} stray bytes after the last whole "
+                            f"record (crash mid-write?); kept {whole} whole records")
+        if whole == 0:
+            raise ReadError(f"no whole record in the event file ({n} bytes; truncated)")
+        return dstart, dlen
+    tail = heads[whole]
+    if whole == 0:
+        raise ReadError(f"corrupt event file: {problem}" + (" (not a TFRecord event file?)"
+                                                            if "length header" in problem else ""))
+    if not buf[tail:].any():
+        warnings.append(f"{ref}: truncated event file: {n - tail} zero bytes after the last whole record "
+                        f"(byte {tail}; crash mid-write into a pre-extended file?); kept {whole} whole records")
+    else:
+        later = _next_good_record(data, buf, start=tail + 1)
+        if later is not None:
+            raise ReadError(f"corrupt event file: {problem}; whole records follow at byte {later}, "
+                            "so the damage is inside the file, not a cut-off tail")
+        warnings.append(f"{ref}: truncated event file: {problem} and no whole record after it "
+                        f"(crash mid-write?); kept {whole} whole records, dropped the last {n - tail} bytes")
+    return dstart[:whole], dlen[:whole]
+
+
+def _next_good_record(data: bytes, buf: np.ndarray, *, start: int, chunk: int = 1 << 20) -> int | None:
+    """The first byte offset at or after ``start`` where a whole record with both CRCs right begins,
+    or None. Only called on a damaged file, to tell a corrupt tail from damage in the middle."""
+    n = len(data)
+    last = n - 16  # a record is at least 16 bytes
+    for lo in range(start, last + 1, chunk):
+        pos = np.arange(lo, min(lo + chunk, last + 1), dtype=np.int64)
+        head = _le(buf, pos, 8)
+        ok = _mask(_crc32c_rows(head)) == np.ascontiguousarray(_le(buf, pos + 8, 4)).view("<u4")[:, 0]
+        for p in pos[ok].tolist():
+            length = _LENGTH.unpack_from(data, p)[0]
+            if p + 16 + length > n:
+                continue
+            stored = struct.unpack_from("<I", data, p + 12 + length)[0]
+            if int(_mask(np.array([google_crc32c.value(data[p + 12:p + 12 + length])]))[0]) == stored:
+                return p
+    return None
 
 
 def _le(buf: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:

@@ -299,3 +299,94 @@ def test_discovery_reads_nested_event_files_and_isolates_a_bad_one(tmp_path: Pat
     assert good["v2run"].meta["pid"] == os.getpid()  # from the file name: tells processes apart
     (broken,) = [s for s in got.segments if s.error is not None]
     assert broken.error.startswith(os.path.join("broken", bad.name)) and "empty" in broken.error
+
+
+# ------------------------------------------------------------- crash-truncated tails (issue 10/7)
+
+
+def tensorboard_reads(path: Path) -> dict[str, tuple[list[int], list[float]]]:
+    """What TensorBoard's own loader reads from the file: per tag, steps and values (it stops at the
+    first unreadable record and keeps everything before it)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    for ev in EventFileLoader(str(path)).Load():
+        for v in ev.summary.value:
+            if v.metadata.plugin_data.plugin_name == "scalars":
+                steps, values = out.setdefault(v.tag, ([], []))
+                steps.append(ev.step)
+                values.append(float(tensor_util.make_ndarray(v.tensor)))
+    return out
+
+
+def damage_tail(path: Path, how: str) -> int:
+    """Damage the end of a real event file as a crash does; returns how many points survive of 40."""
+    data = path.read_bytes()
+    size = last_record_size(39, 3.9, T0 + 39, "kl")
+    if how == "zeros-after":  # the writer pre-extended the file, then died before writing more
+        path.write_bytes(data + bytes(4096))
+        return 40
+    if how == "zeros-over-last":  # the last record's header landed, its data never did
+        cut = len(data) - size + 12
+        path.write_bytes(data[:cut] + bytes(len(data) - cut + 4096))
+        return 39
+    path.write_bytes(data[: len(data) - size] + b"\x07garbage written by a dying process\xff" * 3)
+    return 39
+
+
+@pytest.mark.parametrize("how", ["zeros-after", "zeros-over-last", "garbage"])
+def test_damaged_tail_reads_the_records_tensorboard_reads_with_a_warning(tmp_path: Path, scalar_writer,
+                                                                         how: str) -> None:
+    """A crash leaves zeros or junk after the last good record: TensorBoard shows the good records,
+    so must we (with a warning naming the file), instead of rejecting the whole file."""
+    points = [("kl", s, s / 10, T0 + s) for s in range(40)]
+    path = scalar_writer(tmp_path / "run", points)
+    kept = damage_tail(path, how)
+    seg = read_one(path, tmp_path)
+    theirs = tensorboard_reads(path)
+    assert list(seg.series) == list(theirs) == ["kl"]
+    steps, values = theirs["kl"]
+    assert seg.series["kl"].steps.tolist() == steps == list(range(kept))
+    assert seg.series["kl"].values.tolist() == pytest.approx(values, rel=1e-12, abs=0)
+    assert len(seg.warnings) == 1
+    assert "truncated event file" in seg.warnings[0] and f"run/{path.name}" in seg.warnings[0]
+    assert f"kept {kept + 1} whole records" in seg.warnings[0]  # + file_version
+    if how != "garbage":
+        assert "zero bytes" in seg.warnings[0] or "CRC mismatch" in seg.warnings[0]
+
+
+def test_zeroed_record_with_good_records_after_it_stays_an_error(tmp_path: Path, write_tbx) -> None:
+    """Damage inside the file is not a crash's tail: TensorBoard would silently drop every record
+    after it, so the file is reported unreadable rather than read short."""
+    path = write_tbx(tmp_path, [("kl", s, s / 10, T0 + s) for s in range(20)])
+    data = bytearray(path.read_bytes())
+    size = last_record_size(5, 0.5, T0 + 5, "kl")
+    at = len(data) - 4 * size
+    data[at:at + size] = bytes(size)
+    path.write_bytes(bytes(data))
+    with pytest.raises(ReadError, match="CRC mismatch.*whole records follow"):
+        read_one(path, tmp_path)
+
+
+def test_scan_of_a_zero_padded_event_file_exits_0_with_the_warning_in_the_report(tmp_path: Path,
+                                                                                 write_tbx) -> None:
+    """SPEC.md: exit 3 is for sources or runs that could not be read. This file was read (every good
+    record, as TensorBoard reads it); the lost tail is a warning, in the report and on stderr."""
+    import subprocess
+    import sys
+
+    path = write_tbx(tmp_path / "grpo", [("train/kl_penalty", s, 0.05 * (1 - math.exp(-s / 8)), T0 + 5 * s)
+                                          for s in range(1, 41)])
+    path.write_bytes(path.read_bytes() + bytes(8192))
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-m", "detectors.cli", "scan", str(tmp_path), "--format", "json"],
+                         capture_output=True, text=True, timeout=120, cwd=root)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert [s["error"] for s in report["sources"]] == [None]
+    (lin,) = report["lineages"]
+    assert lin["error"] is None and lin["status"] == "ok"
+    assert lin["members"][0]["last_step"] == 40
+    (warning,) = lin["warnings"]
+    assert "8192 zero bytes" in warning and path.name in warning
+    assert "8192 zero bytes" in " ".join(out.stderr.split())  # rich wraps long lines
