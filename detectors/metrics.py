@@ -137,15 +137,6 @@ def to_framework_steps(segment: Segment, axis: str) -> Segment:
     return out
 
 
-def declared_reference_resets(config: dict) -> str | None:
-    """The config entries that declare reference updates on purpose, or None (read as each framework
-    means them: ``detectors.declarations``; a key merely named like one declares nothing)."""
-    from .declarations import reference_schedules
-
-    schedules = reference_schedules(config)
-    return schedules[0].describe() if schedules else None
-
-
 def flatten(config: dict, prefix: str = "") -> dict[str, object]:
     out: dict[str, object] = {}
     for k, v in config.items():

@@ -7,18 +7,22 @@ import pandas as pd
 import pytest
 from finding_helpers import SCENARIOS, judge, of
 
+from detectors.findings.suspected_restart import SuspectedRestart
 from detectors.pipeline import scan
 
 NAME = "suspected_restart"
 
 
 def one_process_run(*, seed: int, reset_at: int | None = None, weights_lost_at: int | None = None,
-                    kl_off: bool = False, config: dict | None = None, total: int = 200):
+                    learned_at: int | None = None, kl_off: bool = False, config: dict | None = None,
+                    total: int = 200):
     """A single process (no restart logged) with a reference KL growing from zero, the loss that
     carries it (plus policy-loss noise), an LR schedule, and noisy grad norm, reward and entropy.
     ``reset_at``: the reference is rebuilt there (KL falls to ~0 and regrows). ``weights_lost_at``:
     training starts over from the base model there (reward and entropy go back to their opening
-    levels and learn again, KL with them). ``kl_off``: no KL penalty (KL logged as 0)."""
+    levels and learn again, KL with them). ``learned_at``: a healthy leap there (reward up, entropy down,
+    by as much as a lost-weights restart moves them, but away from the opening). ``kl_off``: no KL
+    penalty (KL logged as 0)."""
     rng = np.random.default_rng(seed)
     steps = np.arange(1, total + 1)
     anchor = np.where(steps >= reset_at, reset_at - 1, 0) if reset_at else np.zeros(total)
@@ -31,6 +35,9 @@ def one_process_run(*, seed: int, reset_at: int | None = None, weights_lost_at: 
     gn = 0.5 * np.exp(rng.normal(0, 0.2, total))
     reward = 0.2 + 0.5 * (1 - np.exp(-age / 40.0)) + rng.normal(0, 0.03, total)
     entropy = 1.8 - 0.8 * (1 - np.exp(-age / 40.0)) + rng.normal(0, 0.03, total)
+    if learned_at:
+        reward = reward + np.where(steps >= learned_at, 0.45, 0.0)
+        entropy = entropy * np.where(steps >= learned_at, 0.5, 1.0)
     series = {"train/kl_penalty": kl, "train/loss": loss, "train/lr": lr, "train/grad_norm": gn,
               "train/reward": reward, "train/entropy": entropy}
     return judge([{n: (steps, v) for n, v in series.items()}], config=config, seed=seed)
@@ -54,6 +61,14 @@ def test_unlogged_restart_that_lost_the_weights_moves_several_series_and_is_susp
     assert {s["metric"] for s in f.data["series"]} >= {"train/reward", "train/entropy"}
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_reward_and_entropy_leaping_away_from_the_opening_at_one_step_is_not_suspected(seed):
+    """The same two state families, shifting as far at one step, but away from where the run started: the
+    policy learned something, it did not lose its weights."""
+    result = one_process_run(seed=seed, learned_at=121, kl_off=True)
+    assert of(result, NAME) == []
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_healthy_single_process_is_silent(seed):
     assert of(one_process_run(seed=seed), NAME) == []
@@ -61,6 +76,27 @@ def test_healthy_single_process_is_silent(seed):
 
 def test_reference_resets_declared_in_config_are_not_suspected():
     assert of(one_process_run(seed=0, reset_at=121, config={"reference_reset_interval": 120}), NAME) == []
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_kl_collapse_at_a_step_the_declared_reference_schedule_touches_is_not_suspected(seed):
+    """The hook for declared schedules: an update after step 120 shows from 121 on."""
+    result = one_process_run(seed=seed, reset_at=121)
+    assert SuspectedRestart().detect(result, reference_schedule_steps={60, 120, 180}) == []
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_kl_collapse_off_the_declared_reference_schedule_is_still_suspected(seed):
+    result = one_process_run(seed=seed, reset_at=121)
+    [f] = SuspectedRestart().detect(result, reference_schedule_steps={50, 100, 150})
+    assert abs(f.step - 121) <= 1 and f.data["kl_collapse"]
+
+
+def test_an_empty_declared_schedule_overrides_a_config_keyword_that_declares_nothing_at_this_step():
+    """Once the schedule is known, the config's mere mention of resets no longer drops the KL."""
+    result = one_process_run(seed=0, reset_at=121, config={"reference_reset_interval": 50})
+    [f] = SuspectedRestart().detect(result, reference_schedule_steps=set())
+    assert abs(f.step - 121) <= 1
 
 
 def _as_table(result, path: Path) -> Path:
