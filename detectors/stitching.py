@@ -23,7 +23,7 @@ from .model import Segment, cadence_of
 _PER_LAUNCH = re.compile(
     r"(resume|checkpoint|ckpt|output|_dir|dir$|path|time|date|_id$|^id$|host|node|slurm|port|wandb|"
     r"launch|restart|seed|pid|rank|world|device|cuda|run_name|logging|log_dir|save|load|model_name|"
-    r"name_or_path|max_steps|num_train_epochs|total|exp_name|experiment)", re.I)
+    r"name_or_path|max_steps|num_train_epochs|total|exp_name|experiment|version|hub_|push_to_hub)", re.I)
 # Only a suffix that says "launch" is one: a bare number numbers runs (run-0000 ... run-0099, seeds,
 # versions), and stripping it would merge different training runs.
 _LAUNCH_SUFFIX = re.compile(r"([-_.](resume|restart|retry|relaunch|cont|continued|part|launch|try|attempt)"
@@ -62,13 +62,14 @@ def base_name(name: str) -> str:
 
 
 def configs_agree(a: dict, b: dict) -> bool:
-    """True unless the configs differ on keys that do not change between launches of one run."""
+    """True unless the configs differ on keys that do not change between launches of one run.
+
+    Strict: one key is enough to tell two runs apart (``sync_ref_model``, ``beta``, ``logging_steps``
+    among TRL's ~230), while real relaunches differ only in per-launch keys (paths, names, ids, times).
+    """
     fa, fb = flatten(a), flatten(b)
     common = [k for k in fa.keys() & fb.keys() if not _PER_LAUNCH.search(k)]
-    if not common:
-        return True
-    differ = [k for k in common if str(fa[k]) != str(fb[k])]
-    return len(differ) <= max(1, len(common) // 10) if len(common) > 10 else not differ
+    return all(str(fa[k]) == str(fb[k]) for k in common)
 
 
 def _key(seg: Segment, config: StitchConfig) -> str:
