@@ -195,8 +195,9 @@ def judge_lineage(lineage: Lineage, *, config: ScanConfig) -> LineageResult:
 
     scale = typical_kl(finite)
     first = next((k for k in kl_pieces if k is not None), None)
-    start = None
-    if first is not None and len(first) >= 3 and (first.steps[0] <= 1 or first.values[0] < 0.05 * scale):
+    start = None  # the run's opening: logged from its first logging step (TRL logs every logging_steps)
+    if first is not None and len(first) >= 3 and (first.steps[0] <= cadence_of({"kl": first}, prefer=("kl",))
+                                                  or first.values[0] < 0.05 * scale):
         start = first
     schedules = reference_schedules(lineage.config, cli_steps=tuple(config.intentional_resets))
     for b in lineage.boundaries:

@@ -1,31 +1,47 @@
 """The KL reference-reset detector: did the frozen reference get rebuilt from the resumed weights?
 
 The bug's signature is mechanical. If the reference is snapshotted *after* the checkpoint is loaded,
-policy and reference are equal at the first step after the resume, so the logged KL is about zero
-there, and it then grows back the way it grew at the start of training. If the reference is the base
-model, KL simply continues at its level. So at every boundary we weigh two hypotheses for the first
-points after the resume, in log space (KL is positive and its noise is multiplicative):
+policy and reference are equal at the step the run resumed from, so the KL is about zero there, and
+it then grows back the way it grew at the start of training. If the reference is the base model, KL
+simply continues. So at every boundary we weigh two hypotheses for the first logged points after the
+resume, in log space (KL is positive and its noise is multiplicative):
 
 - H0, *continues*: the points scatter around the level just before, with the run's own step-to-step
-  noise (estimated robustly from the pre-resume window);
-- H1, *reset*: the points follow the run's own opening growth curve restarted from zero (at a few
-  time scales, since learning-rate warm-up makes the opening slower than a mid-run regrowth), or,
-  where the run's opening is not in the logs, a ramp from zero.
+  noise (estimated robustly from the pre-resume window). When the resume falls inside the run's logged
+  opening, while the KL may still be growing, H0 also admits the opening curve *continued*.
+- H1, *reset*: the points follow a regrowth from zero that starts at the reset step r (the checkpoint
+  the run resumed from, else the last logged step before): the run's own opening curve (on its
+  absolute steps, at a few speeds, since learning-rate warm-up makes the opening slower than a mid-run
+  regrowth) or ramps from zero.
 
-Both use Student-t likelihoods (one outlier is not a verdict). The score is the posterior
-probability of H1 (prior 1/2 by default). The verdict needs the drop to persist: two or more points
-after the resume below half the level before. A resume before KL had grown, a run whose KL is zero
-throughout, or too few points, are ``inconclusive`` rather than guessed.
+Loggers do not all log the KL of one step. Trainers log every L steps (``logging_steps``), the point
+carrying the step of the log call, and TRL logs the *mean* over the window since its last log. So
+each H1 curve g enters twice: as a point sample g(s - r) and as its mean over the window
+(max(r, s - L), s]. The first point after a buggy resume is then small, but not about zero.
+
+Both use Student-t likelihoods (one outlier is not a verdict). The score is the posterior probability
+of H1 (prior 1/2 by default), from the first ``window_after`` (3) logged points only; later points are
+not waited for. A reset also needs its shape: the first point significantly low (against the level and
+against any continuation), the points rising through the window, and two low points, or with sparse
+logging one low point followed by one still below the level (one low point and straight back is a
+dropout). An ``ok`` needs a continuation: a first point far below the level, or an opening of only a
+few points before the resume, is at best ``inconclusive``. A resume before KL had grown, a run whose
+KL is zero throughout, too few points, or an early resume where continuing and restarting the opening
+predict the same first point, are ``inconclusive`` rather than guessed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import expit, gammaln, logsumexp
 
 from .model import Boundary, BoundaryVerdict, Series
+
+Curve = Callable[[np.ndarray], np.ndarray]
+"""A regrowth curve: the KL predicted at offsets k >= 0 steps after the reset step."""
 
 
 @dataclass(frozen=True)
@@ -37,20 +53,78 @@ class ReferenceResetConfig:
     ok_score: float = 0.2
     """Posterior at or below which a boundary is ``ok``; between the two it is ``inconclusive``."""
     min_points_before: int = 5
+    min_points_before_in_opening: int = 3
+    """Points before enough when the resume lies in the run's logged opening (an early resume): the
+    opening itself tells what the KL was doing. Enough to call a reset, not to call ``ok``, which
+    still needs ``min_points_before``."""
     min_points_after: int = 2
     window_before: int = 20
-    window_after: int = 6
+    window_after: int = 3
+    """Logged points after the resume that the verdict rests on (later ones only explain it)."""
+    noise_window: int = 60
+    """Points before the resume whose step-to-step differences measure the noise."""
+    level_points: int = 8
+    """The level before the resume is the median of this many last points."""
     grown_fraction: float = 0.1
     """KL before the resume must reach this fraction of the run's typical KL to be judged."""
     zero_fraction: float = 0.01
     """Values below this fraction of the run's typical KL count as zero (the log-space floor)."""
     low_fraction: float = 0.5
-    """A post-resume point is 'low' below this fraction of the level before."""
+    """A post-resume point is 'low' below this fraction of the level before; the first one must be."""
     min_low_points: int = 2
+    """Low points needed after a resume logged every step."""
+    sparse_low_credit: int = 1
+    """With logging every L > 1 steps the first point already averages (or samples) L steps of the
+    regrowth, so it counts this many extra low points."""
+    regrowth_ceiling_sigmas: float = 1.0
+    """The second point after the resume may lie at most this many noise SDs above the level: a
+    regrowth has not overshot it one logged point after the reset; a dropout's return may."""
+    min_drop_sigmas: float = 3.0
+    """The first post point must lie at least this many noise SDs below the level for a reset."""
+    rising_sigmas: float = 2.0
+    """No point after the first may lie more than this many noise SDs below it, and the second not
+    this far above the level: a regrowth rises from its first point, a dropout returns at once."""
+    ok_max_drop_sigmas: float = 4.0
+    """A first post point this many noise SDs below the level is at best ``inconclusive``, never
+    ``ok``: an ``ok`` needs a continuation."""
+    separation_sigmas: float = 3.0
+    """In the opening, judge only where continuing and restarting the opening differ by this many
+    noise SDs at the first post point."""
+    growing_sigmas: float = 1.0
+    """The KL is still growing at the resume (an early resume) when its trend before the resume, carried
+    to the first post point, rises this many noise SDs ..."""
+    early_level_fraction: float = 0.35
+    """... or when the level before is under this fraction of the run's typical KL (noise can hide
+    the growth in a few points)."""
+    regrowth_sigmas: float = 2.0
+    """With sparse logging, the second point after the resume must still lie this many noise SDs
+    below the level for one low point to be a regrowth rather than a dropout."""
+    sparse_noise: float = 0.3
+    """Log-space noise assumed when fewer than ``min_points_before`` points are before the resume:
+    two or three step differences do not measure the noise."""
+    opening_speeds: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
+    """Speeds at which the run's opening may regrow; capped at 4x so no template explains a
+    one-point dropout."""
+    ramp_steps: tuple[float, ...] = (4.0, 8.0, 16.0, 32.0, 64.0)
+    """Ramps from zero reaching the old level after this many steps (plus 2L and 4L)."""
+    ramp_cadences: tuple[float, ...] = (2.0, 4.0)
+    """Extra ramps, in multiples of the logging cadence L."""
+    max_reset_candidates: int = 3
+    """Reset steps tried between the last logged step before and the first after when the checkpoint
+    step is unknown (sparse logging hides where the run saved)."""
+    aligned_reset_prior: float = 0.95
+    """Prior that an unknown reset step is the last logged step before the resume (the rest is
+    spread over the steps up to the first logged after)."""
+    slope_points: int = 5
+    growth_points: int = 10
+    """Last points before the resume whose log-slope tells whether the KL is still growing."""
+    """Last points before the resume whose log-slope continues the opening."""
     prior: float = 0.5
     dof: float = 3.0
     noise_floor: float = 0.1
     """Smallest log-space noise assumed, so a very smooth KL does not make every wiggle significant."""
+    min_h1_noise: float = 0.5
+    """Log-space noise of the reset templates: they are shapes, not fits."""
 
 
 def typical_kl(values: np.ndarray) -> float:
@@ -78,25 +152,106 @@ def _noise(logs: np.ndarray, floor: float) -> float:
     return max(floor, mad)
 
 
-def _templates(offsets: np.ndarray, level: float, start: Series | None) -> list[np.ndarray]:
-    """H1's predicted KL at each post-resume step offset: regrowth from zero at several speeds.
+def logging_cadence(*series: Series | None) -> int:
+    """The KL's logging interval L: the median positive step difference of the first series that has
+    two points (trainers log every ``logging_steps``)."""
+    for s in series:
+        if s is not None and len(s) >= 2:
+            d = np.diff(np.sort(s.steps))
+            d = d[d > 0]
+            if len(d):
+                return max(1, int(round(float(np.median(d)))))
+    return 1
 
-    The run's own opening is the best template (as logged, and less its first value for a run whose
-    reference differs from the initial policy); ramps cover runs whose opening is not in the logs.
-    A ramp may have had one step to grow already: frameworks log the KL of the first step after
-    the update on some setups.
-    """
-    temps: list[np.ndarray] = []
+
+def _opening_curve(start: Series) -> tuple[np.ndarray, np.ndarray, float]:
+    """The opening on its absolute steps, anchored at KL 0 at step 0 (reference = initial policy), so
+    an opening logged at L, 2L, ... lines up with post points logged at r + L, r + 2L; and its first
+    logged value."""
+    steps = start.steps.astype(float)
+    vals = np.clip(start.values, 0.0, None)
+    keep = np.isfinite(vals)
+    steps, vals = steps[keep], vals[keep]
+    order = np.argsort(steps, kind="stable")
+    steps, vals = steps[order], vals[order]
+    first = float(vals[0]) if len(vals) else 0.0
+    if len(steps) and steps[0] > 0:
+        steps, vals = np.concatenate([[0.0], steps]), np.concatenate([[0.0], vals])
+    return steps, vals, first
+
+
+def _curves(level: float, start: Series | None, cadence: int, config: ReferenceResetConfig) -> list[Curve]:
+    """H1's regrowth curves g(k), k steps after the reset: the run's opening at several speeds (as
+    logged, and less its first value for a run whose reference differs from the initial policy), and
+    ramps that have (or have not yet) grown one step's worth at k = 1."""
+    curves: list[Curve] = []
     if start is not None and len(start) >= 3:
-        s_off = (start.steps - start.steps[0]).astype(float)
-        s_val = np.clip(start.values, 0.0, None)
-        for base in (s_val, np.clip(s_val - s_val[0], 0.0, None)):
-            for speed in (0.5, 1.0, 2.0, 4.0):
-                temps.append(np.interp(offsets * speed, s_off, base))
-    for shift in (0.0, 1.0):
-        for ramp in (4.0, 8.0, 16.0, 32.0, 64.0):  # reaching the old level after `ramp` steps
-            temps.append(level * np.clip((offsets + shift) / ramp, 0.0, 1.0))
-    return temps
+        s_off, s_val, first = _opening_curve(start)
+        for base in (s_val, np.clip(s_val - first, 0.0, None)):
+            for speed in config.opening_speeds:
+                curves.append(lambda k, b=base, sp=speed: np.interp(k * sp, s_off, b))
+    ramps = sorted(set(config.ramp_steps) | {c * cadence for c in config.ramp_cadences})
+    for ramp in ramps:
+        curves.append(lambda k, R=ramp: level * np.clip((k - 1.0) / R, 0.0, 1.0))
+        curves.append(lambda k, R=ramp: level * np.clip(k / R, 0.0, 1.0))
+    return curves
+
+
+def _observed(curve: Curve, steps: np.ndarray, reset_step: int, cadence: int) -> list[np.ndarray]:
+    """What a logger shows of a curve at ``steps``: a point sample at s - r, and (L > 1) the mean over
+    the logging window (max(r, s - L), s], which is how TRL averages its logged metrics."""
+    k = (steps - reset_step).astype(float)
+    out = [curve(k)]
+    if cadence > 1:
+        out.append(np.array([float(np.mean(curve(np.arange(max(1.0, kk - cadence + 1), kk + 1.0))))
+                             if kk >= 1 else float(curve(np.array([kk]))[0]) for kk in k]))
+    return out
+
+
+def _reset_candidates(boundary: Boundary, pre: Series, post: Series, reset_step: int | None,
+                      config: ReferenceResetConfig) -> list[int]:
+    """The step the reference was reset at: the checkpoint resumed from, else anywhere from the last
+    logged step before to the step before the first logged after (HF saves at logged steps, but a
+    ``save_steps`` that is not a multiple of ``logging_steps`` saves in between)."""
+    if reset_step is not None:
+        return [int(reset_step)]
+    if boundary.resumed_from_step is not None:
+        return [int(boundary.resumed_from_step)]
+    lo, hi = int(pre.steps[-1]), int(post.steps[0]) - 1
+    if hi <= lo:
+        return [min(lo, int(post.steps[0]) - 1)]
+    n = max(1, min(config.max_reset_candidates, hi - lo + 1))
+    return sorted({int(round(x)) for x in np.linspace(lo, hi, n)})
+
+
+def _candidate_weights(candidates: list[int], config: ReferenceResetConfig) -> dict[int, float]:
+    """Prior weight of each reset step: trainers save at ``save_steps``, usually a multiple of
+    ``logging_steps``, so the last logged step before the resume is the likeliest."""
+    rest = (1.0 - config.aligned_reset_prior) / max(1, len(candidates) - 1)
+    if len(candidates) == 1 or rest <= 0:
+        return {candidates[0]: 1.0}
+    return {r: (config.aligned_reset_prior if i == 0 else rest) for i, r in enumerate(candidates)}
+
+
+def _log_slope(pre: Series, lpre: np.ndarray, points: int, floor: float) -> tuple[float, float]:
+    """Theil-Sen line (slope never negative, intercept) through the last ``points`` log-KL points,
+    leaving out KLs at the zero floor (a snapshot step's exact 0 is not on the growth curve)."""
+    n = min(points, len(lpre))
+    x, y = pre.steps[-n:].astype(float), lpre[-n:]
+    keep = y > floor
+    x, y = x[keep], y[keep]
+    n = len(y)
+    slopes = [(y[j] - y[i]) / (x[j] - x[i]) for i in range(n) for j in range(i + 1, n) if x[j] > x[i]]
+    slope = max(0.0, float(np.median(slopes))) if slopes else 0.0
+    return slope, float(np.median(y - slope * x))
+
+
+def _continuation(pre: Series, lpre: np.ndarray, steps: np.ndarray, cap: float, floor: float,
+                  config: ReferenceResetConfig) -> np.ndarray:
+    """H0 while the KL is still growing: the opening continued past its last point by its last
+    log-slope (never falling), capped at the run's typical KL."""
+    slope, intercept = _log_slope(pre, lpre, config.slope_points, floor)
+    return np.minimum(intercept + slope * steps.astype(float), max(cap, float(np.max(lpre[-config.slope_points:]))))
 
 
 def judge_boundary(
@@ -107,17 +262,26 @@ def judge_boundary(
     start: Series | None,
     scale: float,
     config: ReferenceResetConfig = ReferenceResetConfig(),
+    cadence: int | None = None,
+    reset_step: int | None = None,
+    opening_max_step: int | None = None,
 ) -> BoundaryVerdict:
     """Judge one resume boundary from the KL just before and just after it.
 
     ``before`` is the KL of the piece that ends at the boundary, ``after`` of the piece that starts
     there; ``start`` the run's opening KL when the logs hold it; ``scale`` the run's typical KL.
+    ``cadence`` is the KL's logging interval L (default: read off ``before``); ``reset_step`` the step
+    the run resumed from (default: ``boundary.resumed_from_step``, else every step between the last
+    logged point before and the first after); ``opening_max_step`` the latest first step at which
+    ``before`` still counts as the run's opening when ``start`` is not given (default: L, since a run
+    logging every L steps logs its first point at step L). A ``before`` that regrows from a KL of ~0
+    (the piece after an earlier reset) counts as an opening too.
     """
     pre_all = before.take(np.isfinite(before.values))
     post_all = after.take(np.isfinite(after.values))
     pre = pre_all.take(slice(-config.window_before, None))
     post = post_all.take(slice(0, config.window_after))
-    kl_before = float(np.median(pre.values[-5:])) if len(pre) else None
+    kl_before = float(np.median(pre.values[-config.level_points:])) if len(pre) else None
     kl_after = float(post.values[0]) if len(post) else None
     win_b = (int(pre.steps[0]), int(pre.steps[-1])) if len(pre) else None
     win_a = (int(post.steps[0]), int(post.steps[-1])) if len(post) else None
@@ -125,8 +289,20 @@ def judge_boundary(
     def verdict(v: str, score: float, why: str) -> BoundaryVerdict:
         return BoundaryVerdict(boundary, v, float(np.clip(score, 0.0, 1.0)), kl_before, kl_after, why, win_b, win_a)  # type: ignore[arg-type]
 
+    L = int(cadence) if cadence else logging_cadence(pre_all, start, post_all)
+    first_step = int(pre_all.steps[0]) if len(pre_all) else None
+    # the piece before is an opening when it starts the run, or when it regrows from a KL of ~0 (the
+    # piece after an earlier reset of a ratchet: its own regrowth is the best template for the next)
+    regrows = len(pre_all) >= 3 and scale > 0 and float(pre_all.values[0]) <= config.zero_fraction * scale
+    in_opening = first_step is not None and (
+        first_step <= (opening_max_step if opening_max_step is not None else L) or regrows)
+    if in_opening and len(pre_all) >= 3 and (start is None or regrows):
+        start = pre_all  # the piece before is an opening: its curve is the best H1 template
+    in_opening = in_opening and start is not None
+    need = min(config.min_points_before, config.min_points_before_in_opening) if in_opening else config.min_points_before
+
     at = f"at step {boundary.step}"
-    if len(pre) < config.min_points_before:
+    if len(pre) < need:
         return verdict("inconclusive", 0.5, f"Only {len(pre)} KL point(s) before the resume {at}: too few to know its level.")
     if len(post) == 0:
         return verdict("inconclusive", 0.5, f"No KL logged after the resume {at} yet.")
@@ -142,31 +318,114 @@ def judge_boundary(
 
     eps = config.zero_fraction * scale
     lpre, lpost = _log(pre.values, eps), _log(post.values, eps)
-    sigma0 = _noise(lpre, config.noise_floor)
-    mu0 = float(np.median(lpre[-5:]))
-    sigma1 = max(sigma0, 0.5)
-    offsets = (post.steps - boundary.step).astype(float)
-    ll0 = float(np.sum(t_logpdf(lpost, config.dof, mu0, sigma0)))
-    ll1s = [float(np.sum(t_logpdf(lpost, config.dof, _log(t, eps), sigma1)))
-            for t in _templates(offsets, kl_before, start)]
+    # the noise from more points than the level: 20 step differences misjudge it by 2x too often
+    # a KL of exactly 0 (the first step after the reference was snapshotted) is structure, not noise
+    recent = pre_all.values[-config.noise_window:]
+    noise_logs = _log(recent[recent > eps], eps)
+    sigma0 = _noise(noise_logs, config.noise_floor)
+    if len(noise_logs) < config.min_points_before:
+        # two or three step differences of a growing opening measure its curvature, not its noise
+        sigma0 = config.sparse_noise
+
+    mu0 = float(np.median(lpre[-config.level_points:]))
+    weights = _candidate_weights(_reset_candidates(boundary, pre, post, reset_step, config), config)
+    candidates = list(weights)
+
+    def noise_at(r: int) -> np.ndarray:
+        """Per-point noise: a window cut short by a resume at r averages fewer steps, so the first
+        point after it is noisier (by sqrt(L / steps averaged))."""
+        out = np.full(len(post), sigma0)
+        if L > 1:
+            out[0] *= float(np.sqrt(L / max(1, min(L, int(post.steps[0]) - r))))
+        return out
+
+    sigs = {r: noise_at(r) for r in candidates}
+    log_w = {r: float(np.log(w)) for r, w in weights.items()}
+    sig = sigs[candidates[0]]  # the full first window: the strictest reading of a drop
+
+    # H0: the level continues; inside the opening, the opening may also keep growing.
+    h0_means: list[np.ndarray | float] = [mu0]
+    cont = None
+    if in_opening:
+        cont = _continuation(pre, lpre, post.steps, float(np.log(scale + eps)), float(np.log(2 * eps)), config)
+        h0_means.append(cont)
+    ll0s = [float(logsumexp([log_w[r] + float(np.sum(t_logpdf(lpost, config.dof, m, sigs[r]))) for r in candidates]))
+            for m in h0_means]
+    ll0 = float(logsumexp(ll0s) - np.log(len(ll0s)))
+
+    # H1: a regrowth from zero at the reset step, point-sampled or window-averaged.
+    # curves are averaged over, and so is the reset step (weighted as in H0); whether the logger
+    # samples or averages is a fact of the logger, not a shape: each curve takes the better reading
+    ll1s = []
+    for g in _curves(kl_before, start, L, config):
+        per_r = [log_w[r] + max(float(np.sum(t_logpdf(lpost, config.dof, _log(obs, eps),
+                                                      np.maximum(sigs[r], config.min_h1_noise))))
+                                for obs in _observed(g, post.steps, r, L))
+                 for r in candidates]
+        ll1s.append(float(logsumexp(per_r)))
     ll1 = float(logsumexp(ll1s) - np.log(len(ll1s)))
     prior_logit = float(np.log(config.prior / (1.0 - config.prior)))
     score = float(expit(ll1 - ll0 + prior_logit))
 
-    low = int(np.sum(post.values < config.low_fraction * kl_before))
+    # what a continuation predicts at each post point: the level, or in an early resume the opening
+    # continued (a regrowth must be judged against where the KL was heading, not where it was)
+    # still growing: judged over more points than the continuation uses, so a noisy plateau's
+    # last few points do not read as growth
+    trend, _ = _log_slope(pre, lpre, config.growth_points, float(np.log(2 * eps)))
+    early = cont is not None and (trend * (int(post.steps[0]) - int(pre.steps[-1])) > config.growing_sigmas * sigma0
+                                  or kl_before < config.early_level_fraction * scale)
+    expect = np.maximum(mu0, cont) if early and cont is not None else np.full(len(post), mu0)
+    is_low = lpost < expect + np.log(config.low_fraction)
+    low = int(np.sum(is_low))
     ratio = kl_after / kl_before if kl_before else float("nan")
-    if score >= config.reset_score:
-        if len(post) < config.min_points_after or low < config.min_low_points:
+    # the first point must be low against the level before as well as against any continuation, and
+    # significantly so: a reset's first point is the deepest of its regrowth
+    first_low = bool(is_low[0] and post.values[0] < config.low_fraction * kl_before
+                     and lpost[0] < mu0 - config.min_drop_sigmas * sig[0])
+    # a regrowth rises from its first point: no later point falls far below it, and the next point
+    # does not jump above the level (a dropout that returns, or outliers on both sides, does)
+    rising = len(post) >= 2 and bool(np.all(lpost[1:] >= lpost[0] - config.rising_sigmas * sig[1:])
+                                     and lpost[1] <= expect[1] + config.regrowth_ceiling_sigmas * sig[1])
+    # with sparse logging one low point may be all a fast regrowth leaves, but then the next point
+    # must still sit below the level: one low point and straight back is a dropout, not a regrowth
+    still_below = len(post) >= 2 and bool(lpost[1] < expect[1] - config.regrowth_sigmas * sigma0)
+    enough_low = low >= config.min_low_points or (
+        L > 1 and still_below and low >= config.min_low_points - config.sparse_low_credit)
+    far_below = bool(lpost[0] < expect[0] - config.ok_max_drop_sigmas * sig[0])
+
+    if early and cont is not None and start is not None:
+        # an early resume: continuing and restarting the opening must predict different first points
+        s_off, s_val, _ = _opening_curve(start)
+        restart = [float(_log(obs[:1], eps)[0]) for r in candidates
+                   for obs in _observed(lambda k: np.interp(k, s_off, s_val), post.steps[:1], r, L)]
+        gap = min(abs(float(cont[0]) - x) for x in restart)
+        if gap < config.separation_sigmas * sigma0:
             return verdict("inconclusive", score,
-                           f"KL fell from {kl_before:.3g} to {kl_after:.3g} at the resume {at}, but only "
-                           f"{low} point(s) after it stay low: wait for more steps before calling it a reset.")
+                           f"The resume {at} falls in the run's opening, where the KL is still growing: continuing "
+                           f"the opening and restarting it predict about the same first point ({kl_after:.3g}), so a "
+                           "reset cannot be told from a continuation this early.")
+    if score >= config.reset_score:
+        if len(post) < config.min_points_after or not (first_low and rising and enough_low):
+            return verdict("inconclusive", score,
+                           f"KL fell from {kl_before:.3g} to {kl_after:.3g} at the resume {at}, but the next point(s) "
+                           f"do not show a regrowth ({low} low, first {'low' if first_low else 'not low'}, "
+                           f"{'rising' if rising else 'not rising'}): wait for more steps before calling it a reset.")
         return verdict("reference_reset", score,
-                       f"KL fell from {kl_before:.3g} to {kl_after:.3g} ({ratio:.1%} of its level) at the first step "
+                       f"KL fell from {kl_before:.3g} to {kl_after:.3g} ({ratio:.1%} of its level) at the first logged step "
                        f"after the resume {at} and grows again from there: the reference policy was rebuilt from the "
                        "resumed weights. Load the reference from the base model, not the checkpoint.")
-    if score <= config.ok_score:
+    few_before = len(pre) < config.min_points_before  # judged only because they are the opening
+    if score <= config.ok_score and not far_below and not few_before:
         return verdict("ok", score,
                        f"KL continues at its level across the resume {at} ({kl_before:.3g} before, {kl_after:.3g} after).")
+    if score <= config.ok_score and few_before:
+        return verdict("inconclusive", score,
+                       f"KL continues across the resume {at} ({kl_before:.3g} before, {kl_after:.3g} after), but only "
+                       f"{len(pre)} points of the opening precede it, not enough to rule out a reset that regrew as fast.")
+    if score <= config.ok_score:
+        return verdict("inconclusive", score,
+                       f"KL dropped from {kl_before:.3g} to {kl_after:.3g} at the resume {at}, far below its noise, "
+                       "but the points after do not regrow like a reset: too little to call it either way.")
     return verdict("inconclusive", score,
                    f"KL moved from {kl_before:.3g} to {kl_after:.3g} at the resume {at}; neither a continuation "
                    "nor a reset explains it clearly.")
