@@ -18,7 +18,6 @@ import os
 import re
 import secrets
 import shutil
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sample_runs import grpo, scenarios, trackers  # noqa: E402
+from sample_runs.trackers import compact_mlflow, prune_wandb  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -215,38 +215,6 @@ def run_training(plan: RunPlan, *, out: Path, scratch: Path, step_delay: float, 
 
 
 # ------------------------------------------------------------------------------------- pruning
-
-
-def prune_wandb(root: Path) -> None:
-    """Keep what a reader needs: the ``.wandb`` log and small ``files/`` metadata."""
-    for p in root.glob("*/wandb"):
-        for name in ("debug.log", "debug-internal.log", "latest-run"):
-            q = p / name
-            if q.is_symlink() or q.is_file():
-                q.unlink()
-        for run in p.iterdir():
-            if not run.is_dir():
-                continue
-            for sub in ("logs", "tmp"):
-                shutil.rmtree(run / sub, ignore_errors=True)
-            files = run / "files"
-            for name in ("requirements.txt", "output.log", "wandb-metadata.json"):
-                (files / name).unlink(missing_ok=True)
-            if files.is_dir() and not any(files.iterdir()):
-                files.rmdir()
-
-
-def compact_mlflow(db: Path) -> None:
-    """VACUUM with small pages: MLflow's ~200 tables would otherwise cost 4 KiB each."""
-    if not db.exists():
-        return
-    con = sqlite3.connect(db)
-    try:
-        con.execute("PRAGMA journal_mode=DELETE")
-        con.execute("PRAGMA page_size=512")
-        con.execute("VACUUM")
-    finally:
-        con.close()
 
 
 def prune_checkpoints(root: Path) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -238,3 +240,38 @@ class MlflowWriter:
         run_id = self.run.info.run_id
         self.mlflow.end_run(status="FAILED" if crashed else "FINISHED")
         return {"run_id": run_id}
+
+
+# ------------------------------------------------------------------ committed-size housekeeping
+
+
+def prune_wandb(root: Path) -> None:
+    """Keep what a reader needs: the ``.wandb`` log and small ``files/`` metadata."""
+    for p in [q for q in root.rglob("wandb") if q.is_dir()]:
+        for name in ("debug.log", "debug-internal.log", "latest-run"):
+            q = p / name
+            if q.is_symlink() or q.is_file():
+                q.unlink()
+        for run in p.iterdir():
+            if not run.is_dir():
+                continue
+            for sub in ("logs", "tmp"):
+                shutil.rmtree(run / sub, ignore_errors=True)
+            files = run / "files"
+            for name in ("requirements.txt", "output.log", "wandb-metadata.json"):
+                (files / name).unlink(missing_ok=True)
+            if files.is_dir() and not any(files.iterdir()):
+                files.rmdir()
+
+
+def compact_mlflow(db: Path) -> None:
+    """VACUUM with small pages: MLflow's many empty tables would otherwise cost 4 KiB each."""
+    if not db.exists():
+        return
+    con = sqlite3.connect(db)
+    try:
+        con.execute("PRAGMA journal_mode=DELETE")
+        con.execute("PRAGMA page_size=512")
+        con.execute("VACUUM")
+    finally:
+        con.close()
