@@ -45,6 +45,8 @@ class Piece:
     segment_index: int
     cut_evidence: list[Evidence] = field(default_factory=list)
     """Evidence for a cut *before* this piece inside its own segment (empty for a segment's first piece)."""
+    tentative: bool = False
+    """The cut before this piece is a routine-looking pause: kept only if the KL there was reset."""
 
 
 def _spine(series: dict[str, Series], prefer: str | None) -> Series | None:
@@ -78,9 +80,12 @@ def relogged_steps(series: dict[str, Series]) -> set[int]:
 
 
 def find_cuts(spine: Series, runtime: Series | None, *, config: BoundaryConfig,
-              relogged: set[int] | None = None) -> list[tuple[int, list[Evidence]]]:
+              relogged: set[int] | None = None, tentative: list[int] | None = None) -> list[tuple[int, list[Evidence]]]:
     """Indices into ``spine`` where a new piece starts, with the evidence for each. ``relogged``:
-    steps most series log twice (``relogged_steps``); a repeat there is a process logging again."""
+    steps most series log twice (``relogged_steps``); a repeat there is a process logging again.
+    ``tentative``, when given, also takes the routine-looking pauses (appended to it and returned as
+    cuts): a restart re-attached to its tracker run between two checkpoints looks just like one, and
+    only the KL can tell (``pipeline.settle_tentative``)."""
     cuts: dict[int, list[Evidence]] = {}
     steps = spine.steps
     if len(steps) < 2:
@@ -115,7 +120,8 @@ def find_cuts(spine: Series, runtime: Series | None, *, config: BoundaryConfig,
                 cuts.setdefault(i, []).append("runtime_reset")
     relogged = relogged or set()
     return [(i, ev) for i, ev in sorted(cuts.items())
-            if _strong_enough(ev, routine_pause=i in pauses, relogged=int(steps[i]) in relogged)]
+            if _strong_enough(ev, routine_pause=i in pauses, relogged=int(steps[i]) in relogged)
+            or (tentative is not None and "time_gap" in ev and tentative.append(i) is None)]
 
 
 def _strong_enough(evidence: list[Evidence], *, routine_pause: bool, relogged: bool) -> bool:
@@ -156,14 +162,16 @@ def split_segment(segment: Segment, index: int, *, prefer: str | None, config: B
     spine = _spine(segment.series, prefer)
     if spine is None:
         return [Piece(dict(segment.series), index)]
-    cuts = find_cuts(spine, segment.series.get("_runtime"), config=config, relogged=relogged_steps(segment.series))
+    maybe: list[int] = []
+    cuts = find_cuts(spine, segment.series.get("_runtime"), config=config, relogged=relogged_steps(segment.series),
+                     tentative=maybe)
     if not cuts:
         return [Piece(dict(segment.series), index)]
     cut_times = None
     if spine.wall_times is not None:
         w = spine.wall_times
         cut_times = [float((w[i - 1] + w[i]) / 2) for i, _ in cuts]
-    pieces = [Piece({}, index)] + [Piece({}, index, list(ev)) for _, ev in cuts]
+    pieces = [Piece({}, index)] + [Piece({}, index, list(ev), tentative=i in maybe) for i, ev in cuts]
     for name, s in segment.series.items():
         if s is spine:
             parts = [s.take(slice(a, b)) for a, b in zip([0] + [i for i, _ in cuts], [i for i, _ in cuts] + [len(s)])]
@@ -243,7 +251,8 @@ def infer_boundaries(
         if any(abs(d - first) <= 1 or (resumed_from is not None and d == resumed_from) for d in declared_steps):
             evidence.append("declared")
         boundaries.append(Boundary(step=first, resumed_from_step=resumed_from,
-                                   evidence=list(dict.fromkeys(evidence)), piece_index=k))
+                                   evidence=list(dict.fromkeys(evidence)), piece_index=k,
+                                   tentative=cur.tentative and "declared" not in evidence))
     for d in declared_steps:  # a restart the user declares where the logs show none
         if not any(abs(b.step - d) <= 1 for b in boundaries):
             _split_at_declared(pieces, boundaries, d)

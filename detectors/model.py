@@ -190,6 +190,9 @@ class Boundary:
     evidence: list[Evidence]
     piece_index: int
     """Index into ``Lineage.pieces`` of the first piece after the boundary."""
+    tentative: bool = False
+    """Marks too weak to be a restart by themselves (a pause like the run's routine ones, inside one
+    tracker piece): the boundary stands only if the KL there is judged a reference reset."""
 
 
 @dataclass

@@ -127,6 +127,7 @@ def build_lineages(segments: list[Segment], *, config: ScanConfig) -> list[Linea
             lineage.pieces = [p.series for p in run_pieces]  # declared restarts may have cut a piece
             lineage.piece_segments = [p.segment_index for p in run_pieces]
             lineage.kl_metric = metric
+            settle_tentative(lineage, config=config)
             lineages.append(lineage)
     return lineages
 
@@ -153,6 +154,53 @@ def _from_scratch_runs(pieces: list[Piece], *, metric: str | None, checkpoint_st
         else:
             runs[-1].append(p)
     return runs or [[]]
+
+
+def _opening(kl_pieces: list[Series | None], *, typical: float) -> Series | None:
+    """The run's opening KL (logged from its first logging step; TRL logs every ``logging_steps``),
+    the template of a regrowth from zero; None when the logs do not start at the beginning."""
+    first = next((k for k in kl_pieces if k is not None), None)
+    if first is not None and len(first) >= 3 and (first.steps[0] <= cadence_of({"kl": first}, prefer=("kl",))
+                                                  or first.values[0] < 0.05 * typical):
+        return first
+    return None
+
+
+def settle_tentative(lineage: Lineage, *, config: ScanConfig) -> None:
+    """Keep a tentative boundary (a pause like the run's routine ones, inside one tracker piece) only
+    where the KL says the reference was reset there; elsewhere join its two pieces back and note it.
+
+    A run re-attached to its tracker run (``MLFLOW_RUN_ID``) between two checkpoints shows nothing but
+    such a pause; evaluation and checkpoint saving show the same. A KL that collapses to ~0 and
+    regrows at the pause is the rebuilt reference whatever caused the pause; a KL that goes on is not
+    worth a boundary.
+    """
+    metric = lineage.kl_metric
+    for b in sorted([b for b in lineage.boundaries if b.tentative], key=lambda b: -b.piece_index):
+        if metric is not None:
+            kl_pieces = [_kl(p, metric) for p in lineage.pieces]
+            after = kl_pieces[b.piece_index]
+            before = next((kl_pieces[j] for j in range(b.piece_index - 1, -1, -1) if kl_pieces[j] is not None), None)
+            finite = np.concatenate([k.values[np.isfinite(k.values)] for k in kl_pieces if k is not None])
+            if after is not None and before is not None and len(finite) and np.any(np.abs(finite) >= 1e-12):
+                scale = typical_kl(finite)
+                v = judge_boundary(b, before, after, start=_opening(kl_pieces, typical=scale), scale=scale,
+                                   config=config.reference_reset)
+                if v.verdict == "reference_reset":
+                    b.tentative = False
+                    lineage.notes.append(f"a pause before step {b.step} inside one tracker piece is taken as a restart: "
+                                         "the KL collapses there and regrows")
+                    continue
+        k = b.piece_index
+        merged = dict(lineage.pieces[k - 1])
+        for name, ser in lineage.pieces[k].items():
+            merged[name] = Series.concat([merged[name], ser]) if name in merged else ser
+        lineage.pieces[k - 1:k + 1] = [merged]
+        del lineage.piece_segments[k]
+        lineage.boundaries.remove(b)
+        for other in lineage.boundaries:
+            if other.piece_index > k:
+                other.piece_index -= 1
 
 
 def _kl(piece: dict[str, Series], metric: str) -> Series | None:
@@ -193,12 +241,7 @@ def judge_lineage(lineage: Lineage, *, config: ScanConfig) -> LineageResult:
         _unjudged(result, lineage.boundaries, f"Only {len(finite)} finite {metric} point(s) in the whole run: too few to judge.")
         return _with_findings(result, config)
 
-    scale = typical_kl(finite)
-    first = next((k for k in kl_pieces if k is not None), None)
-    start = None  # the run's opening: logged from its first logging step (TRL logs every logging_steps)
-    if first is not None and len(first) >= 3 and (first.steps[0] <= cadence_of({"kl": first}, prefer=("kl",))
-                                                  or first.values[0] < 0.05 * scale):
-        start = first
+    scale, start = typical_kl(finite), _opening(kl_pieces, typical=typical_kl(finite))
     schedules = reference_schedules(lineage.config, cli_steps=tuple(config.intentional_resets))
     for b in lineage.boundaries:
         after = kl_pieces[b.piece_index]

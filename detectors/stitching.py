@@ -23,7 +23,8 @@ from .model import Segment, cadence_of
 _PER_LAUNCH = re.compile(
     r"(resume|checkpoint|ckpt|output|_dir|dir$|path|time|date|_id$|^id$|host|node|slurm|port|wandb|"
     r"launch|restart|seed|pid|rank|world|device|cuda|run_name|logging|log_dir|save|load|model_name|"
-    r"name_or_path|max_steps|num_train_epochs|total|exp_name|experiment|version|hub_|push_to_hub)", re.I)
+    r"name_or_path|max_steps|num_train_epochs|total|exp_name|experiment|version|hub_|push_to_hub|"
+    r"num_param)", re.I)  # a model's parameter count changes when an adapter is wrapped or merged on resume
 # Only a suffix that says "launch" is one: a bare number numbers runs (run-0000 ... run-0099, seeds,
 # versions), and stripping it would merge different training runs.
 _LAUNCH_SUFFIX = re.compile(r"([-_.](resume|restart|retry|relaunch|cont|continued|part|launch|try|attempt)"
@@ -69,7 +70,15 @@ def configs_agree(a: dict, b: dict) -> bool:
     """
     fa, fb = flatten(a), flatten(b)
     common = [k for k in fa.keys() & fb.keys() if not _PER_LAUNCH.search(k)]
-    return all(str(fa[k]) == str(fb[k]) for k in common)
+    return all(_same_value(fa[k], fb[k]) for k in common)
+
+
+def _same_value(a: object, b: object) -> bool:
+    """Equal as logged; a list is compared as a set (PEFT's ``target_modules`` is a set, serialized in
+    a different order by every process)."""
+    if isinstance(a, list) and isinstance(b, list):
+        return sorted(map(str, a)) == sorted(map(str, b))
+    return str(a) == str(b)
 
 
 def _key(seg: Segment, config: StitchConfig) -> str:
@@ -217,10 +226,10 @@ def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig(), me
         lineages = _join_continuations(lineages, shapes=shapes, notes=notes)
 
     for ck in checkpoints:
-        target = _checkpoint_owner(ck, lineages)
-        if target is not None:
+        targets = _checkpoint_owners(ck, lineages)
+        for target in targets:
             target[2].append(ck)
-        else:
+        if not targets:
             lineages.append((f"checkpoints:{ck.ref}", ck.name or ck.ref, [ck]))
     return out + lineages
 
@@ -270,6 +279,42 @@ def _store_path(seg: Segment) -> str:
     return (seg.store or seg.source).partition("#")[0]
 
 
+def _folder(seg: Segment) -> str:
+    """Where a piece was written: an event file's run folder, else its store."""
+    if seg.kind == "tensorboard":
+        return seg.group or seg.run_id or str(PurePosixPath(seg.ref).parent)
+    return _store_path(seg)
+
+
+def _launch_siblings(a: str, b: str) -> bool:
+    """Paths that differ in one folder, named like a launch on both sides."""
+    pa, pb = PurePosixPath(a).parts, PurePosixPath(b).parts
+    if len(pa) != len(pb):
+        return False
+    diff = [(x, y) for x, y in zip(pa, pb) if x != y]
+    return len(diff) == 1 and all(_LAUNCH_FOLDER.search(part) for part in diff[0])
+
+
+def _closest(candidates: list[int], *, head: Segment, chains: dict[int, list[Segment]]) -> int | None:
+    """The one candidate a piece continues: several runs may stop where it starts (a fleet of runs
+    crashed at the same checkpoint), so kinship decides: the same folder, then a launch folder beside
+    it, then the same store. A tie at the best rank leaves the piece alone."""
+    def rank(j: int) -> int:
+        parent = chains[j][-1]
+        if _folder(parent) == _folder(head):
+            return 3
+        if _launch_siblings(_folder(parent), _folder(head)):
+            return 2
+        return 1 if _store_key(parent) == _store_key(head) else 0
+
+    if not candidates:
+        return None
+    ranks = {j: rank(j) for j in candidates}
+    best = max(ranks.values())
+    top = [j for j, r in ranks.items() if r == best]
+    return top[0] if len(top) == 1 else None
+
+
 def sibling_stores(a: Segment, b: Segment) -> bool:
     """Two stores that are launch folders side by side (``attempt1/wandb``, ``attempt2/wandb``;
     ``logs/exp_001``, ``logs/exp_002``): paths that differ in one folder, named like a launch on
@@ -278,11 +323,7 @@ def sibling_stores(a: Segment, b: Segment) -> bool:
         return True
     if a.source != b.source or (a.store or "").partition("#")[2] != (b.store or "").partition("#")[2]:
         return False
-    pa, pb = PurePosixPath(_store_path(a)).parts, PurePosixPath(_store_path(b)).parts
-    if len(pa) != len(pb):
-        return False
-    diff = [(x, y) for x, y in zip(pa, pb) if x != y]
-    return len(diff) == 1 and all(_LAUNCH_FOLDER.search(part) for part in diff[0])
+    return _launch_siblings(_store_path(a), _store_path(b))
 
 
 def _join_continuations(lineages: list[tuple[str, str, list[Segment]]], *, shapes: dict[int, _Shape],
@@ -319,14 +360,14 @@ def _join_continuations(lineages: list[tuple[str, str, list[Segment]]], *, shape
         candidates = [j for j in chains if j != i and j not in joined_into
                       and chains[j][0].kind == head.kind and sibling_stores(chains[j][0], head)
                       and continues(j) and configs_agree(chains[j][-1].config, head.config)]
-        same_store = [j for j in candidates if _store_key(chains[j][0]) == _store_key(head)]
-        if len(same_store) == 1 or (not same_store and len(candidates) == 1):
-            j = (same_store or candidates)[0]
+        j = _closest(candidates, head=head, chains=chains)
+        if j is not None:
             parent = chains[j][-1]
+            where = ("in a launch folder beside it" if _launch_siblings(_folder(parent), _folder(head))
+                     else "in the same store")
             notes.setdefault(id(head), []).append(
-                f"{head.ref} joined {parent.ref}: its steps continue the run's (from {spans[j].last} to {sp.first}), "
-                + ("in the same store" if _store_key(parent) == _store_key(head) else "in a launch folder beside it")
-                + ", configs agree")
+                f"{head.ref} joined {parent.ref}: its steps continue the run's (from {spans[j].last} to {sp.first}) "
+                f"{where}, configs agree")
             chains[j].extend(chains[i])
             spans[j].absorb(sp)
             joined_into[i] = j
@@ -346,15 +387,13 @@ def _common_depth(a: str, b: str) -> int:
     return n
 
 
-def _checkpoint_owner(ck: Segment, lineages: list[tuple[str, str, list[Segment]]]) -> tuple[str, str, list[Segment]] | None:
-    """The training run a checkpoint folder belongs to: by name, else the run logged nearest to it
-    in the folder tree (``run/checkpoints/step_N`` beside ``run/events...``), else the only run of
-    its source. Ambiguity leaves it alone rather than lending evidence to the wrong run."""
+def _checkpoint_owners(ck: Segment, lineages: list[tuple[str, str, list[Segment]]]) -> list[tuple[str, str, list[Segment]]]:
+    """The training runs a checkpoint folder belongs to: the run logged nearest to it in the folder
+    tree (``run/checkpoints/step_N`` beside ``run/events...``); else the runs of its name, one per
+    tracker kind (one training logged to W&B, MLflow and TensorBoard at once has one set of
+    checkpoints); else the only run of its source. Ambiguity leaves it alone rather than lending
+    evidence to the wrong run."""
     same_source = [lin for lin in lineages if lin[2][0].source == ck.source and lin[2][0].kind != "checkpoints"]
-    if ck.name:
-        named = [lin for lin in same_source if base_name(ck.name) in (base_name(lin[1]), lin[1])]
-        if len(named) == 1:
-            return named[0]
     home = ck.ref  # the folder holding the checkpoint-N / step_N folders
     depths = [(max(_common_depth(home, str(PurePosixPath(s.ref).parent)) for s in lin[2]), i)
               for i, lin in enumerate(same_source)]
@@ -362,8 +401,13 @@ def _checkpoint_owner(ck: Segment, lineages: list[tuple[str, str, list[Segment]]
         best = max(d for d, _ in depths)
         winners = [i for d, i in depths if d == best]
         if best > 0 and len(winners) == 1:
-            return same_source[winners[0]]
-    return same_source[0] if len(same_source) == 1 else None
+            return [same_source[winners[0]]]
+    if ck.name:
+        named = [lin for lin in same_source if base_name(ck.name) in (base_name(lin[1]), lin[1])]
+        kinds = [lin[2][0].kind for lin in named]
+        if named and len(kinds) == len(set(kinds)):
+            return named
+    return [same_source[0]] if len(same_source) == 1 else []
 
 
 def _lineage_name(key: str, chain: list[Segment]) -> str:

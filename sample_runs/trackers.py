@@ -264,14 +264,14 @@ def prune_wandb(root: Path) -> None:
                 files.rmdir()
 
 
-def compact_mlflow(db: Path) -> None:
+def compact_mlflow(db: Path, *, page_size: int = 512) -> None:
     """VACUUM with small pages: MLflow's many empty tables would otherwise cost 4 KiB each."""
     if not db.exists():
         return
     con = sqlite3.connect(db)
     try:
         con.execute("PRAGMA journal_mode=DELETE")
-        con.execute("PRAGMA page_size=512")
+        con.execute(f"PRAGMA page_size={int(page_size)}")
         con.execute("VACUUM")
     finally:
         con.close()

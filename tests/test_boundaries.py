@@ -80,7 +80,34 @@ def test_a_lone_long_pause_in_a_reattached_run_is_a_restart_but_a_family_of_paus
     assert [(b.step, b.evidence) for b in bounds] == [(31, ["time_gap"])]
     evals = [(1, 10), (11, 20), (21, 30), (31, 40), (41, 50)]
     _, bounds = restarts_in_place(evals, with_clock=True, seed=1, gaps=[40.0, 45.0, 38.0, 42.0])
-    assert bounds == []
+    # only tentative: they stand only where the KL says the reference was reset (pipeline.settle_tentative)
+    assert [b.step for b in bounds] == [11, 21, 31, 41] and all(b.tentative for b in bounds)
+
+
+def _reattached_run(*, reset_at: list[int]) -> Segment:
+    """One MLflow run re-attached at every launch (MLFLOW_RUN_ID), steps seamless, launches every 10
+    steps with like pauses; the reference rebuilt at ``reset_at``."""
+    rng = np.random.default_rng(3)
+    steps = np.arange(1, 51)
+    anchor = np.zeros(len(steps))
+    for r in reset_at:
+        anchor[steps > r] = r
+    kl = 0.05 * (1 - np.exp(-(steps - anchor) / 6.0)) * np.exp(rng.normal(0, 0.05, len(steps)))
+    wall = 1e9 + np.cumsum(rng.uniform(0.8, 1.2, len(steps))) + 40.0 * ((steps - 1) // 10)
+    return Segment(kind="mlflow", ref="r", source="s", run_id="r", store="db",
+                   series={"kl": Series(steps, kl, wall), "loss": Series(steps, 1 / steps, wall)})
+
+
+def test_a_routine_pause_is_a_boundary_only_where_the_kl_was_reset():
+    from detectors.pipeline import ScanConfig, build_lineages, judge_lineage
+
+    [healthy] = build_lineages([_reattached_run(reset_at=[])], config=ScanConfig())
+    assert healthy.boundaries == [] and len(healthy.pieces) == 1
+    assert len(healthy.pieces[0]["kl"]) == 50  # the pieces are joined back whole
+    [ratchet] = build_lineages([_reattached_run(reset_at=[20, 30])], config=ScanConfig())
+    result = judge_lineage(ratchet, config=ScanConfig())
+    assert [(v.boundary.step, v.verdict) for v in result.verdicts] == [(21, "reference_reset"), (31, "reference_reset")]
+    assert any("pause before step 21" in n for n in ratchet.notes)
 
 
 @settings(max_examples=150, deadline=None)
