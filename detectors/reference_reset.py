@@ -8,7 +8,8 @@ resume, in log space (KL is positive and its noise is multiplicative):
 
 - H0, *continues*: the points scatter around the level just before, with the run's own step-to-step
   noise (estimated robustly from the pre-resume window). When the resume falls inside the run's logged
-  opening, while the KL may still be growing, H0 also admits the opening curve *continued*.
+  opening, while the KL may still be growing, H0 also admits the opening curve *continued*, at its last
+  pace or slower.
 - H1, *reset*: the points follow a regrowth from zero that starts at the reset step r (the checkpoint
   the run resumed from, else the last logged step before): the run's own opening curve (on its
   absolute steps, at a few speeds, since learning-rate warm-up makes the opening slower than a mid-run
@@ -19,15 +20,20 @@ carrying the step of the log call, and TRL logs the *mean* over the window since
 each H1 curve g enters twice: as a point sample g(s - r) and as its mean over the window
 (max(r, s - L), s]. The first point after a buggy resume is then small, but not about zero.
 
-Both use Student-t likelihoods (one outlier is not a verdict). The score is the posterior probability
-of H1 (prior 1/2 by default), from the first ``window_after`` (3) logged points only; later points are
-not waited for. A reset also needs its shape: the first point significantly low (against the level and
-against any continuation), the points rising through the window, and two low points, or with sparse
-logging one low point followed by one still below the level (one low point and straight back is a
-dropout). An ``ok`` needs a continuation: a first point far below the level, or an opening of only a
-few points before the resume, is at best ``inconclusive``. A resume before KL had grown, a run whose
-KL is zero throughout, too few points, or an early resume where continuing and restarting the opening
-predict the same first point, are ``inconclusive`` rather than guessed.
+Both use Student-t likelihoods (one outlier is not a verdict). The templates' noise is broad, since
+their speed and shape are guesses; but in an early resume, with the opening in the logs, a regrowth from
+zero cannot put its first point above the fastest template at that offset, so a first point above that
+ceiling is charged at the run's own noise: a KL that carries on (or rises) past an early resume leans to
+``ok``. The score is the posterior probability of H1 (prior 1/2 by default), from the first
+``window_after`` (3) logged points only; later points are not waited for. A reset also needs its shape:
+the first point significantly low (against the level and against any continuation), the points rising
+through the window, and two low points, or with sparse logging one low point followed by one still below
+the level (one low point and straight back is a dropout). An ``ok`` needs a continuation: a first point
+far below the level, or an opening of only a few points before the resume, is at best ``inconclusive``,
+unless the points after it sit above anything a regrowth from zero could have reached by then. A resume
+before KL had grown, a run whose KL is zero throughout, too few points, or an early resume where
+continuing and restarting the opening predict the same first point, are ``inconclusive`` rather than
+guessed.
 """
 
 from __future__ import annotations
@@ -99,6 +105,10 @@ class ReferenceResetConfig:
     regrowth_sigmas: float = 2.0
     """With sparse logging, the second point after the resume must still lie this many noise SDs
     below the level for one low point to be a regrowth rather than a dropout."""
+    rise_sigmas: float = 2.0
+    """An early resume with fewer than ``min_points_before`` points before it is ``ok`` only when its first
+    point lies this many noise SDs above the highest a regrowth from zero predicts there (the fastest
+    template) and the next points stay above it: a KL no reset could have reached so soon."""
     sparse_noise: float = 0.3
     """Log-space noise assumed when fewer than ``min_points_before`` points are before the resume:
     two or three step differences do not measure the noise."""
@@ -115,6 +125,9 @@ class ReferenceResetConfig:
     aligned_reset_prior: float = 0.95
     """Prior that an unknown reset step is the last logged step before the resume (the rest is
     spread over the steps up to the first logged after)."""
+    continuation_rates: tuple[float, ...] = (0.5,)
+    """Besides its last log-slope, an early resume's KL may go on growing at these fractions of it (an
+    opening's growth slows as the KL saturates; 0 holds the level it reached)."""
     slope_points: int = 5
     growth_points: int = 10
     """Last points before the resume whose log-slope tells whether the KL is still growing."""
@@ -247,11 +260,13 @@ def _log_slope(pre: Series, lpre: np.ndarray, points: int, floor: float) -> tupl
 
 
 def _continuation(pre: Series, lpre: np.ndarray, steps: np.ndarray, cap: float, floor: float,
-                  config: ReferenceResetConfig) -> np.ndarray:
-    """H0 while the KL is still growing: the opening continued past its last point by its last
-    log-slope (never falling), capped at the run's typical KL."""
+                  config: ReferenceResetConfig, rate: float = 1.0) -> np.ndarray:
+    """H0 while the KL is still growing: the opening continued past its last point by ``rate`` times
+    its last log-slope (never falling; 0 holds the level it reached), capped at the run's typical KL."""
     slope, intercept = _log_slope(pre, lpre, config.slope_points, floor)
-    return np.minimum(intercept + slope * steps.astype(float), max(cap, float(np.max(lpre[-config.slope_points:]))))
+    last = float(pre.steps[-1])
+    x = last + rate * (steps.astype(float) - last)
+    return np.minimum(intercept + slope * x, max(cap, float(np.max(lpre[-config.slope_points:]))))
 
 
 def judge_boundary(
@@ -344,25 +359,47 @@ def judge_boundary(
     sig = sigs[candidates[0]]  # the full first window: the strictest reading of a drop
 
     # H0: the level continues; inside the opening, the opening may also keep growing.
+    # The level and the opening's continuations share H0's prior by halves: a growing opening's median
+    # level lags where it got to, and its growth may go on at its last pace, slow down, or stop.
     h0_means: list[np.ndarray | float] = [mu0]
+    h0_logw = [0.0]
     cont = None
     if in_opening:
-        cont = _continuation(pre, lpre, post.steps, float(np.log(scale + eps)), float(np.log(2 * eps)), config)
-        h0_means.append(cont)
-    ll0s = [float(logsumexp([log_w[r] + float(np.sum(t_logpdf(lpost, config.dof, m, sigs[r]))) for r in candidates]))
-            for m in h0_means]
-    ll0 = float(logsumexp(ll0s) - np.log(len(ll0s)))
+        cap, floor = float(np.log(scale + eps)), float(np.log(2 * eps))
+        cont = _continuation(pre, lpre, post.steps, cap, floor, config)
+        rates = config.continuation_rates
+        h0_means += [cont] + [_continuation(pre, lpre, post.steps, cap, floor, config, rate=x) for x in rates]
+        h0_logw = [float(np.log(0.5))] + [float(np.log(0.5 / (1 + len(rates))))] * (1 + len(rates))
+    h0_terms = [(w + log_w[r], t_logpdf(lpost, config.dof, m, sigs[r])) for w, m in zip(h0_logw, h0_means)
+                for r in candidates]
 
     # H1: a regrowth from zero at the reset step, point-sampled or window-averaged.
     # curves are averaged over, and so is the reset step (weighted as in H0); whether the logger
     # samples or averages is a fact of the logger, not a shape: each curve takes the better reading
-    ll1s = []
-    for g in _curves(kl_before, start, L, config):
-        per_r = [log_w[r] + max(float(np.sum(t_logpdf(lpost, config.dof, _log(obs, eps),
-                                                      np.maximum(sigs[r], config.min_h1_noise))))
-                                for obs in _observed(g, post.steps, r, L))
-                 for r in candidates]
-        ll1s.append(float(logsumexp(per_r)))
+    # In an early resume, with the opening in the logs, a regrowth from zero cannot put the first point
+    # above where its fastest template is at that offset (the opening at the speed cap, a ramp reaching
+    # the level): the templates' broad noise stands for their unknown speed and shape, which covers a
+    # first point below that ceiling but not one above it. Above it, only the run's own noise explains
+    # the excess, so a KL that carries on (or rises) past the resume leans to a continuation. (Mid-run,
+    # the ceiling is only the level, and a first point above it is one more outlier.)
+    curves = _curves(kl_before, start, L, config)
+    early_opening = in_opening and start is not None and len(start) >= 3
+    preds = {r: [[_log(obs, eps) for obs in _observed(g, post.steps, r, L)] for g in curves] for r in candidates}
+    ceiling = {r: np.max([p for per_g in preds[r] for p in per_g], axis=0) for r in candidates}
+
+    def h1_point_terms(pred: np.ndarray, r: int) -> np.ndarray:
+        terms = t_logpdf(lpost, config.dof, pred, np.maximum(sigs[r], config.min_h1_noise))
+        top = float(ceiling[r][0])
+        if early_opening and lpost[0] > top:
+            terms[0] = (t_logpdf(top, config.dof, pred[0], max(float(sigs[r][0]), config.min_h1_noise))
+                        + t_logpdf(lpost[0], config.dof, top, float(sigs[r][0]))
+                        - t_logpdf(top, config.dof, top, float(sigs[r][0])))
+        return terms
+
+    ll0 = float(logsumexp([w + float(np.sum(t)) for w, t in h0_terms]))
+    ll1s = [float(logsumexp([log_w[r] + max(float(np.sum(h1_point_terms(p, r))) for p in preds[r][i])
+                             for r in candidates]))
+            for i in range(len(curves))]
     ll1 = float(logsumexp(ll1s) - np.log(len(ll1s)))
     prior_logit = float(np.log(config.prior / (1.0 - config.prior)))
     score = float(expit(ll1 - ll0 + prior_logit))
@@ -414,8 +451,19 @@ def judge_boundary(
                        f"KL fell from {kl_before:.3g} to {kl_after:.3g} ({ratio:.1%} of its level) at the first logged step "
                        f"after the resume {at} and grows again from there: the reference policy was rebuilt from the "
                        "resumed weights. Load the reference from the base model, not the checkpoint.")
-    few_before = len(pre) < config.min_points_before  # judged only because they are the opening
+    # judged only because they are the opening: too few points to rule out a reset that regrew as fast,
+    # unless the KL after the resume sits above anything a regrowth from zero could reach by then
+    above_regrowth = early_opening and len(post) >= config.min_points_after and bool(
+        lpost[0] >= max(float(ceiling[r][0]) + config.rise_sigmas * float(sigs[r][0]) for r in candidates)
+        and np.all(lpost[1:] >= np.max([ceiling[r][1:] for r in candidates], axis=0)))
+    few_before = len(pre) < config.min_points_before and not above_regrowth
     if score <= config.ok_score and not far_below and not few_before:
+        if early_opening and lpost[0] > float(ceiling[candidates[0]][0]):
+            last, reach = float(pre.values[-1]), float(np.exp(ceiling[candidates[0]][0]) - eps)
+            return verdict("ok", score,
+                           f"KL carries on the run's opening across the resume {at} ({last:.3g} at step "
+                           f"{int(pre.steps[-1])}, {kl_after:.3g} after): a reference rebuilt there would have "
+                           f"restarted it from zero, at most {reach:.3g} by step {int(post.steps[0])}.")
         return verdict("ok", score,
                        f"KL continues at its level across the resume {at} ({kl_before:.3g} before, {kl_after:.3g} after).")
     if score <= config.ok_score and few_before:

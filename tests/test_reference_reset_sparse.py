@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from detectors.model import Boundary, Series
 from detectors.pipeline import ScanConfig, build_lineages, judge_lineage
-from detectors.reference_reset import ReferenceResetConfig, judge_boundary, logging_cadence
+from detectors.reference_reset import ReferenceResetConfig, judge_boundary, logging_cadence, typical_kl
 from synthetic import KLRun, kl_values, segments_for
 
 METRIC = "train/kl_penalty"
@@ -206,6 +206,58 @@ def test_resume_before_kl_has_grown_stays_inconclusive_under_averaged_logging():
     for seed in range(3):
         (_, verdict, _), = verdicts(trl_run(every=1, tau=60, resume=3, buggy=True, last_step=300), seed)
         assert verdict == "inconclusive", seed
+
+
+# --- early resumes of real TRL runs (sample_runs/trl: trl.GRPOTrainer, stock report_to callbacks) -------
+
+# The KL of the run's opening, logged every step; a resume from checkpoint-6 with the reference the base model
+# (correct) or rebuilt from the checkpoint (buggy). The correct resume carries on the opening's growth: its
+# first point (0.474) is far above what a restart of the opening predicts one step after the reset (~0).
+TRL_OPENING = [0.0, 0.0586, 0.0976, 0.2027, 0.2091, 0.2942]          # steps 1-6
+TRL_CORRECT = [0.4744, 0.3909, 0.2968, 0.945, 0.7032, 0.8753]        # steps 7-12
+TRL_BUGGY = [0.0, 0.0069, 0.0351, 0.1394, 0.2543, 0.2927]            # steps 7-12
+# the same training relogged through verl's Tracking (actor/kl_loss)
+VERL_OPENING = [0.0, 0.2917, 0.3874, 0.47, 0.4998, 0.6123]
+VERL_CORRECT = [0.6311, 0.5687, 0.6343, 0.8651, 0.7793, 0.5968]
+VERL_BUGGY = [0.0, 0.2488, 0.0768, 0.0641, 0.1031, 0.0805]
+# logging_steps=3 (TRL's window means): the opening at steps 3, 6, 9, a resume from checkpoint-9
+SPARSE_OPENING = [0.0521, 0.2354, 0.3874]                            # steps 3, 6, 9
+SPARSE_CORRECT = [0.8412, 1.3864, 2.1686]                            # steps 12, 15, 18
+SPARSE_BUGGY = [0.0155, 0.1793, 0.4578]
+
+
+def judge_real(opening: list[float], after: list[float], *, every: int = 1, resumed_from: int | None,
+               points_after: int | None = None):
+    """Judge a resume of a real run as the pipeline does: the opening is the piece before, the scale the
+    typical KL of everything logged (of less when the logs end ``points_after`` points after the resume)."""
+    after = after[:points_after] if points_after else after
+    before = Series(every * np.arange(1, len(opening) + 1), np.array(opening))
+    post = Series(every * np.arange(len(opening) + 1, len(opening) + len(after) + 1), np.array(after))
+    b = Boundary(int(post.steps[0]), resumed_from, ["new_event_file"], 1)
+    return judge_boundary(b, before, post, start=before, scale=typical_kl(np.array(opening + after)))
+
+
+@pytest.mark.parametrize("points_after", [3, None])
+@pytest.mark.parametrize("opening,correct,buggy,every,resumed_from", [
+    (TRL_OPENING, TRL_CORRECT, TRL_BUGGY, 1, 6),
+    (VERL_OPENING, VERL_CORRECT, VERL_BUGGY, 1, 6),
+    (SPARSE_OPENING, SPARSE_CORRECT, SPARSE_BUGGY, 3, 9),
+    (SPARSE_OPENING, SPARSE_CORRECT, SPARSE_BUGGY, 3, None),  # W&B: the checkpoint step is not known
+], ids=["trl", "verl", "trl-every-3", "trl-every-3-no-checkpoint"])
+def test_real_trl_early_resume_correct_is_ok_and_buggy_is_a_reset(opening, correct, buggy, every, resumed_from,
+                                                                  points_after):
+    ok = judge_real(opening, correct, every=every, resumed_from=resumed_from, points_after=points_after)
+    reset = judge_real(opening, buggy, every=every, resumed_from=resumed_from, points_after=points_after)
+    assert ok.verdict == "ok" and ok.score <= ReferenceResetConfig().ok_score, (ok.score, ok.explanation)
+    assert reset.verdict == "reference_reset", (reset.score, reset.explanation)
+
+
+@pytest.mark.parametrize("first", [0.3, 0.45, 0.6, 0.9])
+def test_first_point_far_above_a_restart_of_the_opening_leans_to_ok(first):
+    # a restart of the opening one step after the reset predicts ~0 (TRL's first step logs KL 0), at 4x its
+    # speed 0.20; a first point at or above where the opening got to is a continuation, not a reset
+    v = judge_real(TRL_OPENING, [first, 0.3909, 0.2968], resumed_from=6)
+    assert v.verdict == "ok" and v.score <= ReferenceResetConfig().ok_score, (v.score, v.explanation)
 
 
 # --- properties ---------------------------------------------------------------------------------------
