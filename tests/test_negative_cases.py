@@ -107,9 +107,10 @@ def assert_eval_pauses_are_in_the_data(entry: dict, root: Path) -> None:
     points = tb_scalars(root / "eval-pauses" / "tensorboard", "train/kl_penalty")
     gaps = np.diff([w for _, w, _ in points])
     usual = float(np.median(gaps))
-    paused_after = [points[i][0] for i in np.flatnonzero(gaps > 5 * usual)]
-    assert paused_after == [p["after_step"] for p in entry["processes"][0]["eval_pauses"]]
-    assert len(paused_after) >= 3
+    paused_after = {points[i][0] for i in np.flatnonzero(gaps > 5 * usual)}
+    planted = [p["after_step"] for p in entry["processes"][0]["eval_pauses"]]
+    # every planted pause is there (a busy machine may add a hiccup of its own: the data holds more, not less)
+    assert set(planted) <= paused_after and len(planted) >= 3, (sorted(paused_after), planted)
 
 
 def assert_train_and_val_rows_share_steps(root: Path) -> None:
