@@ -119,9 +119,14 @@ def find_cuts(spine: Series, runtime: Series | None, *, config: BoundaryConfig,
             if 0 < i < len(steps):
                 cuts.setdefault(i, []).append("runtime_reset")
     relogged = relogged or set()
-    return [(i, ev) for i, ev in sorted(cuts.items())
-            if _strong_enough(ev, routine_pause=i in pauses, relogged=int(steps[i]) in relogged)
-            or (tentative is not None and "time_gap" in ev and tentative.append(i) is None)]
+    kept: list[tuple[int, list[Evidence]]] = []
+    for i, ev in sorted(cuts.items()):
+        if _strong_enough(ev, routine_pause=i in pauses, relogged=int(steps[i]) in relogged):
+            kept.append((i, ev))
+        elif tentative is not None and "time_gap" in ev:
+            tentative.append(i)
+            kept.append((i, ev))
+    return kept
 
 
 def _strong_enough(evidence: list[Evidence], *, routine_pause: bool, relogged: bool) -> bool:

@@ -85,7 +85,7 @@ def test_nemo_rl_checkpoints_give_steps_name_config_and_per_checkpoint_info(tmp_
     assert seg.kind == "checkpoints" and seg.ref == "results/checkpoints"
     assert seg.checkpoint_steps == [10, 20, 30]
     assert seg.name == "grpo-qwen-7b"  # from the run's own config
-    assert seg.config["loss_fn"]["reference_policy_kl_penalty"] == 0.01
+    assert seg.config["loss_fn"]["reference_policy_kl_penalty"] == pytest.approx(0.01)
     infos = seg.meta["checkpoints"]
     assert [c["step"] for c in infos] == [10, 20, 30]
     assert [c["consumed_samples"] for c in infos] == [640, 1280, 1920]

@@ -161,7 +161,7 @@ def test_sqlite_points_sharing_a_timestamp_keep_their_logged_order(sqlite_store:
     assert seg.series["reward"].steps.tolist() == [3, 2, 1]
     assert seg.series["reward"].values.tolist() == [0.3, 0.1, 0.2]
     loss = seg.series["loss"]
-    assert math.isnan(loss.values[0]) and loss.values[1] == 2.5
+    assert math.isnan(loss.values[0]) and loss.values[1] == pytest.approx(2.5)
 
 
 def test_sqlite_run_carries_name_group_config_tags_store_and_meta(sqlite_store: Store) -> None:

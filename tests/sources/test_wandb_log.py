@@ -133,7 +133,7 @@ def test_offline_run_reads_back_exactly_what_was_logged(runs: dict[str, Path]) -
     assert "label" not in seg.series  # text is not a metric
     assert seg.config == {**CONFIG, "added_later": 3}
     assert seg.tags == {"rl": "", "grpo": ""}
-    assert seg.meta["job_type"] == "train" and seg.meta["summary"]["best"] == 1.5
+    assert seg.meta["job_type"] == "train" and seg.meta["summary"]["best"] == pytest.approx(1.5)
     assert seg.meta["summary"]["train/global_step"] == 299  # the summary follows the last row
     runtime = seg.series["_runtime"]
     assert runtime.steps.tolist() == list(range(300))
@@ -178,7 +178,7 @@ def test_nested_keys_are_joined_and_non_numbers_skipped(runs: dict[str, Path]) -
     assert np.isnan(seg.series["nan"].values).all() and len(seg.series["nan"]) == 5
     for skipped in ("flag", "text", "none", "hist", "hist._type"):
         assert skipped not in seg.series
-    assert seg.meta["summary"]["train.kl"] == 2.0
+    assert seg.meta["summary"]["train.kl"] == pytest.approx(2.0)
 
 
 def test_reader_agrees_with_wandbs_own_protobuf_and_json_per_value(runs: dict[str, Path]) -> None:
