@@ -4,7 +4,7 @@
 
 What a user waits for, layer by layer, on the same files:
 
-- cold load: read + stitch + judge every run (``dashboard.data.load_fleet`` with empty caches);
+- cold load: read + stitch + judge every run (``klwatch.dashboard.data.load_fleet`` with empty caches);
 - warm load: the same call again (what every click costs: a fingerprint of the files, cache hits);
 - a threshold moved: re-judge only (the read and the lineages come from the cache);
 - the metric changed: re-stitch and re-judge, no read;
@@ -112,7 +112,7 @@ import os, sys, time, json
 sys.path.insert(0, {str(REPO)!r})
 os.environ["KLWATCH_DASHBOARD_SOURCES"] = {str(root)!r}
 from streamlit.testing.v1 import AppTest
-import dashboard.data, detectors.pipeline, plotly, pandas  # imports are not the page's cost
+import klwatch.dashboard.data, klwatch.pipeline, plotly, pandas  # imports are not the page's cost
 at = AppTest.from_file({str(REPO / "dashboard" / "app.py")!r}, default_timeout=600)
 t = time.perf_counter(); at.run(); cold = time.perf_counter() - t
 assert not at.exception, at.exception
@@ -154,9 +154,9 @@ def main() -> None:
         size = sum(p.stat().st_size for p in root.rglob("events.out.tfevents.*"))
         print(f"fleet: {root} ({size / 2**20:.1f} MiB)\n")
 
-        from dashboard import charts, data
-        from detectors.pipeline import ScanConfig
-        from detectors.reference_reset import ReferenceResetConfig
+        from klwatch.dashboard import charts, data
+        from klwatch.pipeline import ScanConfig
+        from klwatch.reference_reset import ReferenceResetConfig
 
         spec = str(root)
         config = ScanConfig()
@@ -201,7 +201,7 @@ def main() -> None:
                      f"{flagged.lineage.name}, KL + {len(linked)} panels: build {t_fig * 1000:.0f} ms, "
                      f"JSON {t_json * 1000:.0f} ms ({len(payload) / 2**10:.0f} KiB)"))  # type: ignore[arg-type]
 
-        from detectors.model import Lineage, LineageResult, Segment, Series
+        from klwatch.model import Lineage, LineageResult, Segment, Series
 
         n = 1_000_000
         s = np.arange(1, n + 1)

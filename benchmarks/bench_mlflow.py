@@ -27,8 +27,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from detectors.sources.mlflow_local import read_mlflow_sqlite  # noqa: E402
-from detectors.sources.mlflow_server import read_mlflow_server  # noqa: E402
+from klwatch.sources.mlflow_local import read_mlflow_sqlite  # noqa: E402
+from klwatch.sources.mlflow_server import read_mlflow_server  # noqa: E402
 from tests.mlflow_server import start_mlflow_server  # noqa: E402
 
 

@@ -3,7 +3,7 @@
     python benchmarks/bench_tensorboard.py [--points 100000] [--tags 4] [--repeat 3]
                                            [--writer tensorboardX|summary.Writer]
 
-Compares klwatch's reader (detectors.sources.tensorboard) with tbparse's SummaryReader and with
+Compares klwatch's reader (klwatch.sources.tensorboard) with tbparse's SummaryReader and with
 TensorBoard's EventAccumulator(size_guidance={"scalars": 0}) (the setting that keeps every point).
 Prints the best wall time of ``--repeat`` runs, the peak memory each reader allocates (tracemalloc,
 in one fresh child process per reader) and the ratios. Not a test: the target (at least 5x
@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from detectors.sources.tensorboard import read_tensorboard_file  # noqa: E402
+from klwatch.sources.tensorboard import read_tensorboard_file  # noqa: E402
 
 
 def write_event_file(*, folder: Path, points: int, tags: int, writer_kind: str) -> Path:
@@ -83,7 +83,7 @@ READERS: dict[str, Callable[..., int]] = {
     "tbparse": read_tbparse,
     "EventAccumulator(scalars=0)": read_event_accumulator,
 }
-_IMPORTS = {"klwatch": "detectors.sources.tensorboard", "tbparse": "tbparse",
+_IMPORTS = {"klwatch": "klwatch.sources.tensorboard", "tbparse": "tbparse",
             "EventAccumulator(scalars=0)": "tensorboard.backend.event_processing.event_accumulator"}
 
 

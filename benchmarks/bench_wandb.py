@@ -8,7 +8,7 @@ LevelDB framing (seconds; the same records wandb-core writes: a summary update a
 per step). ``--keep DIR`` writes the log once into DIR and reuses it on later runs.
 
 Compared, on the same file:
-- ours: ``detectors.sources.wandb_log.read_wandb_run_dir`` (batch protobuf decode, per-column
+- ours: ``klwatch.sources.wandb_log.read_wandb_run_dir`` (batch protobuf decode, per-column
   float parsing in numpy);
 - baseline: the same un-framed records, each decoded with ``wandb_internal_pb2.Record`` and every
   history value with ``json.loads``, rows collected into a pandas DataFrame.
@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from detectors.sources.wandb_log import read_records, read_wandb_run_dir  # noqa: E402
+from klwatch.sources.wandb_log import read_records, read_wandb_run_dir  # noqa: E402
 from tests.sources.test_wandb_log import frame_wandb_log  # noqa: E402  (the tests' writer of the framing)
 
 METRICS = ("train/kl_penalty", "train/reward", "train/loss")

@@ -2,7 +2,7 @@
 
     streamlit run dashboard/app.py -- [SOURCE...]      (or: klwatch dashboard [SOURCE...])
 
-A thin face over ``detectors.pipeline`` (through the cached layers of ``dashboard.data``): nothing
+A thin face over ``klwatch.pipeline`` (through the cached layers of ``klwatch.dashboard.data``): nothing
 here decides a verdict. The selected run, the filters, the added sources, the metric choice and any
 changed threshold live in the URL's query parameters, so a link opens the same view.
 """
@@ -15,17 +15,18 @@ import os
 import sys
 from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parent.parent
-if str(_ROOT) not in sys.path:  # `streamlit run dashboard/app.py` from a checkout that is not installed
-    sys.path.insert(0, str(_ROOT))
+import streamlit as st
 
-import streamlit as st  # noqa: E402
-
-from dashboard import charts, data  # noqa: E402
-from detectors.model import LineageResult  # noqa: E402
-from detectors.pipeline import ScanConfig  # noqa: E402
-from detectors.reference_reset import ReferenceResetConfig  # noqa: E402
-from detectors.report import lineage_dict, to_dict  # noqa: E402
+try:
+    from klwatch.dashboard import charts, data
+except ModuleNotFoundError as exc:  # `streamlit run dashboard/app.py` in a checkout nobody installed
+    if exc.name != "klwatch":
+        raise
+    sys.exit("klwatch is not installed in this Python: run `bash scripts/setup.sh` (or `pip install -e .`) first.")
+from klwatch.model import LineageResult
+from klwatch.pipeline import ScanConfig
+from klwatch.reference_reset import ReferenceResetConfig
+from klwatch.report import lineage_dict, to_dict
 
 # Newline-separated SOURCEs, for running the app without command-line arguments (tests, containers).
 SOURCES_ENV = "KLWATCH_DASHBOARD_SOURCES"

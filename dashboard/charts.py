@@ -1,7 +1,7 @@
 """Plotly figures: the fleet picture and the run view, drawn from pipeline results as they are.
 
 Full fidelity is the rule: a trace is never randomly sampled; past ``max_points`` it is thinned with
-min/max buckets (``detectors.downsample``) so a one-step drop to zero still shows, and long traces are
+min/max buckets (``klwatch.downsample``) so a one-step drop to zero still shows, and long traces are
 drawn with WebGL. Colours carry the verdict everywhere: red reset, green ok, blue intentional,
 amber inconclusive.
 """
@@ -15,11 +15,11 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from detectors.downsample import minmax_indices
-from detectors.metrics import is_negated
-from detectors.model import LineageResult, Series
-from detectors.reference_reset import ReferenceResetConfig
-from detectors.report import lineage_dict
+from klwatch.downsample import minmax_indices
+from klwatch.metrics import is_negated
+from klwatch.model import LineageResult, Series
+from klwatch.reference_reset import ReferenceResetConfig
+from klwatch.report import lineage_dict
 
 VERDICT_COLORS = {"reference_reset": "#d62728", "ok": "#2ca02c", "intentional": "#1f77b4", "inconclusive": "#ff9f1c"}
 STATUS_COLORS = {**VERDICT_COLORS, "error": "#7f0000", "no_kl_metric": "#8c8c8c", "kl_disabled": "#b0b0b0",

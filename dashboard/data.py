@@ -8,7 +8,7 @@ also on the detector thresholds. Moving a threshold slider therefore re-judges i
 without reading anything. The fleet is judged without the other resume-integrity detectors (``findings``,
 several times the cost of the KL verdicts, and not part of the fleet table): the run view asks for the
 open run's findings and the JSON export for everyone's, both through the same pipeline call with
-``findings`` on. Nothing here decides a verdict: it calls ``detectors.pipeline``.
+``findings`` on. Nothing here decides a verdict: it calls ``klwatch.pipeline``.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from detectors.model import Lineage, LineageResult, SourceError, SourceRead
-from detectors.pipeline import ScanConfig, ScanResult, build_lineages, judge_lineage, matches_pattern, read_sources
-from detectors.sources import split_pattern
-from detectors.sources.local import SKIP_DIRS
+from klwatch.model import Lineage, LineageResult, SourceError, SourceRead
+from klwatch.pipeline import ScanConfig, ScanResult, build_lineages, judge_lineage, matches_pattern, read_sources
+from klwatch.sources import split_pattern
+from klwatch.sources.local import SKIP_DIRS
 
 REMOTE_PREFIXES = ("wandb://", "mlflow://", "mlflow+http://", "mlflow+https://")
 REMOTE_TTL_SECONDS = 60.0

@@ -4,7 +4,7 @@ A webhook URL is a credential (Slack's ``hooks.slack.com/services/T../B../XXXX``
 token), so nothing here ever prints one: every URL shown to a person goes through ``redact_url``,
 and every error message is scrubbed of the raw URL before it leaves this module.
 
-Delivery is at-least-once with backoff; the watcher (``detectors.watch``) keeps what is still
+Delivery is at-least-once with backoff; the watcher (``klwatch.watch``) keeps what is still
 pending in its state file, so a failed delivery is retried across restarts. Each POST carries an
 ``X-Klwatch-Alert-Key`` header that stays the same for every retry of one alert, so a receiver can
 drop the duplicate that a crash between "receiver said 200" and "state recorded it" would cause.

@@ -1,4 +1,4 @@
-"""The ``klwatch`` command line (SPEC.md "Faces"): a thin face over ``detectors.pipeline``.
+"""The ``klwatch`` command line (SPEC.md "Faces"): a thin face over ``klwatch.pipeline``.
 
 The exit code is the verdict (0 clean, 1 reset, 2 bad usage / nothing readable, 3 partly unreadable),
 so CI can gate on it without parsing output.
@@ -69,8 +69,8 @@ def _register_optional_commands() -> None:
     """Faces that live in their own modules register themselves here (check, watch, compare, dashboard)."""
     import importlib
 
-    for module, name in (("detectors.ci", "check"), ("detectors.watch", "watch"),
-                         ("detectors.compare", "compare"), ("detectors.dashboard_cli", "dashboard")):
+    for module, name in (("klwatch.ci", "check"), ("klwatch.watch", "watch"),
+                         ("klwatch.compare", "compare"), ("klwatch.dashboard_cli", "dashboard")):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:

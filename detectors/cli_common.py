@@ -1,7 +1,7 @@
 """What the commands share: option types, the options of every judging command (``ScanOptions``,
 ``with_scan_options``) and their ScanConfig, running a scan with a progress bar, and printing what
 could not be read. Faces in their own modules (``check``, ``watch``, ``compare``, ``dashboard``)
-import from here, never from ``detectors.cli``."""
+import from here, never from ``klwatch.cli``."""
 
 from __future__ import annotations
 

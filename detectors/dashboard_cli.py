@@ -21,12 +21,15 @@ err = Console(stderr=True)
 
 
 def app_path() -> Path:
-    """The dashboard page: the ``dashboard`` package is installed beside ``detectors`` (checkout or site-packages)."""
-    return Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
+    """The dashboard page, wherever ``klwatch.dashboard`` is installed (a checkout's ``dashboard/``
+    folder in an editable install, ``site-packages/klwatch/dashboard`` from a wheel)."""
+    from . import dashboard
+
+    return Path(dashboard.__file__).resolve().parent / "app.py"
 
 
 def default_sources() -> list[str]:
-    """``sample_runs/`` next to the dashboard package, else in the working directory."""
+    """``sample_runs/`` of the checkout the dashboard lives in, else in the working directory."""
     here = app_path().parent.parent / "sample_runs"
     return [str(here if here.is_dir() else Path.cwd() / "sample_runs")]
 

@@ -38,7 +38,7 @@ class ScanConfig:
     boundaries: BoundaryConfig = field(default_factory=BoundaryConfig)
     reference_reset: ReferenceResetConfig = field(default_factory=ReferenceResetConfig)
     findings: bool = True
-    """Run the other resume-integrity detectors (``detectors.findings``)."""
+    """Run the other resume-integrity detectors (``klwatch.findings``)."""
 
 
 @dataclass

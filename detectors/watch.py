@@ -2,7 +2,7 @@
 
 Three parts, each for one reason:
 
-- ``LocalReadCache`` reads a local SOURCE with ``detectors.sources.local.read_local`` itself, but
+- ``LocalReadCache`` reads a local SOURCE with ``klwatch.sources.local.read_local`` itself, but
   re-reads only the files (or run folders, stores) whose size or mtime changed since the last poll
   and reuses the Segments of the rest. Remote sources (``wandb://``, ``mlflow://``) are read in full
   at every poll: their readers fetch whole histories and expose no "since step N" query.
@@ -14,7 +14,7 @@ Three parts, each for one reason:
   pass; a delivery that had not completed is still pending). The one window left is a kill between
   "the webhook answered 200" and "marked delivered": that alert is sent again, with the same
   ``X-Klwatch-Alert-Key`` header so the receiver can drop it.
-- ``watch_pass`` is one poll: read, stitch and judge through ``detectors.pipeline``, record new
+- ``watch_pass`` is one poll: read, stitch and judge through ``klwatch.pipeline``, record new
   resets, deliver what is due.
 
 A boundary judged ``inconclusive`` (too few points after the resume yet) is simply judged again at

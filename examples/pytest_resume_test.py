@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from detectors.ci import assert_no_reference_reset
+from klwatch.ci import assert_no_reference_reset
 
 REPO = Path(__file__).resolve().parents[1]
 

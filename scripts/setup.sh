@@ -50,4 +50,4 @@ if [ "$TEST" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
 fi
-.venv/bin/python -c 'import detectors' || { echo "klwatch did not install" >&2; exit 1; }
+.venv/bin/python -c 'import klwatch.cli, klwatch.dashboard.data' || { echo "klwatch did not install" >&2; exit 1; }

@@ -17,5 +17,5 @@ code=$?
 set -e
 [ "$code" = 1 ] || { echo "smoke-unlocked: klwatch scan sample_runs/ exited $code, expected 1" >&2; exit 1; }
 "$tmp/venv/bin/python" -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['schema']=='klwatch.report/1' and any(l['status']=='reference_reset' for l in r['lineages'])" "$tmp/report.json"
-(cd "$tmp" && "$tmp/venv/bin/python" -c "import dashboard.data, dashboard.charts")  # the dashboard's modules import
+(cd "$tmp" && "$tmp/venv/bin/python" -c "import klwatch.dashboard.data, klwatch.dashboard.charts")  # the dashboard's modules import
 echo "smoke-unlocked: plain 'pip install .' works ($("$tmp/venv/bin/pip" show klwatch | sed -n 2p))"

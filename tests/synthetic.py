@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detectors.model import Segment, Series
+from klwatch.model import Segment, Series
 
 
 @dataclass

@@ -12,7 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from detectors.alerts import (ALERT_KEY_HEADER, Alert, alert_line, dashboard_link, post_webhook, redact_url, scrub,
+from klwatch.alerts import (ALERT_KEY_HEADER, Alert, alert_line, dashboard_link, post_webhook, redact_url, scrub,
                               slack_payload)
 
 

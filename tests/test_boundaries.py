@@ -7,8 +7,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.boundaries import BoundaryConfig, infer_boundaries, split_segment
-from detectors.model import Segment, Series
+from klwatch.boundaries import BoundaryConfig, infer_boundaries, split_segment
+from klwatch.model import Segment, Series
 
 CFG = BoundaryConfig()
 
@@ -99,7 +99,7 @@ def _reattached_run(*, reset_at: list[int]) -> Segment:
 
 
 def test_a_routine_pause_is_a_boundary_only_where_the_kl_was_reset():
-    from detectors.pipeline import ScanConfig, build_lineages, judge_lineage
+    from klwatch.pipeline import ScanConfig, build_lineages, judge_lineage
 
     [healthy] = build_lineages([_reattached_run(reset_at=[])], config=ScanConfig())
     assert healthy.boundaries == [] and len(healthy.pieces) == 1

@@ -15,9 +15,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from detectors.ci import assert_no_reference_reset, sparkline
-from detectors.cli import app
-from detectors.pipeline import ScanConfig, scan
+from klwatch.ci import assert_no_reference_reset, sparkline
+from klwatch.cli import app
+from klwatch.pipeline import ScanConfig, scan
 from tb_runs import write_run
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ import pytest
 from spec_shape import check_report
 from tb_runs import write_run
 
-KLWATCH = [sys.executable, "-m", "detectors.cli"]
+KLWATCH = [sys.executable, "-m", "klwatch.cli"]
 
 
 def klwatch(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from detectors.cli import app
-from detectors.compare import CompareConfig, compare_series
-from detectors.model import Series
+from klwatch.cli import app
+from klwatch.compare import CompareConfig, compare_series
+from klwatch.model import Series
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from detectors.declarations import explain_boundary, reference_schedules, touched_steps
-from detectors.pipeline import ScanConfig, build_lineages, judge_lineage
+from klwatch.declarations import explain_boundary, reference_schedules, touched_steps
+from klwatch.pipeline import ScanConfig, build_lineages, judge_lineage
 from synthetic import KLRun, segments_for
 
 TRL_DEFAULTS = {"sync_ref_model": False, "ref_model_sync_steps": 512, "ref_model_mixup_alpha": 0.6, "beta": 0.04}

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.downsample import minmax_indices
+from klwatch.downsample import minmax_indices
 
 
 def test_short_series_keeps_every_point() -> None:

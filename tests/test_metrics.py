@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from detectors.metrics import (choose_kl_metric, kl_candidates, to_framework_steps)
-from detectors.model import Segment, Series
+from klwatch.metrics import (choose_kl_metric, kl_candidates, to_framework_steps)
+from klwatch.model import Segment, Series
 
 
 @pytest.mark.parametrize("name", ["train/kl_penalty", "kl_penalty", "kl", "train/kl", "objective/kl", "actor/kl_loss",

@@ -28,8 +28,8 @@ NEGATIVES = ROOT / "sample_runs" / "negatives"
 
 
 def scan_json(path: Path) -> tuple[int, dict]:
-    """``python -m detectors.cli scan PATH --format json``: the exit code and the report."""
-    out = subprocess.run([sys.executable, "-m", "detectors.cli", "scan", str(path), "--format", "json"],
+    """``python -m klwatch.cli scan PATH --format json``: the exit code and the report."""
+    out = subprocess.run([sys.executable, "-m", "klwatch.cli", "scan", str(path), "--format", "json"],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.stdout, out.stderr
     return out.returncode, json.loads(out.stdout)

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.model import Boundary, Series
-from detectors.pipeline import ScanConfig, build_lineages, judge_lineage
-from detectors.reference_reset import ReferenceResetConfig, judge_boundary, logging_cadence, typical_kl
+from klwatch.model import Boundary, Series
+from klwatch.pipeline import ScanConfig, build_lineages, judge_lineage
+from klwatch.reference_reset import ReferenceResetConfig, judge_boundary, logging_cadence, typical_kl
 from synthetic import KLRun, kl_values, segments_for
 
 METRIC = "train/kl_penalty"

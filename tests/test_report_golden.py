@@ -35,7 +35,7 @@ CASES = {
 
 
 def _klwatch(args: list[str], **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "import sys; from detectors.cli import main; sys.argv[0] = 'klwatch'; main()",
+    return subprocess.run([sys.executable, "-c", "import sys; from klwatch.cli import main; sys.argv[0] = 'klwatch'; main()",
                            *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "COLUMNS": "200", "GITHUB_ACTIONS": "", **env})
 

@@ -21,7 +21,7 @@ SAMPLES = ROOT / "sample_runs"
 
 
 def scan_json(*args: str) -> tuple[int, dict]:
-    out = subprocess.run([sys.executable, "-m", "detectors.cli", "scan", *args, "--format", "json"],
+    out = subprocess.run([sys.executable, "-m", "klwatch.cli", "scan", *args, "--format", "json"],
                          capture_output=True, text=True, timeout=300)
     return out.returncode, json.loads(out.stdout)
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from detectors.pipeline import ScanConfig, scan
-from detectors.report import to_dict
-from detectors.sources import read_source
+from klwatch.pipeline import ScanConfig, scan
+from klwatch.report import to_dict
+from klwatch.sources import read_source
 from mlflow_server import MlflowServer, start_mlflow_server
 from spec_shape import check_report
 from wandb_stub import StubRun, WandbStub

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from detectors.model import Segment, Series
-from detectors.stitching import StitchConfig, base_name, configs_agree, stitch
+from klwatch.model import Segment, Series
+from klwatch.stitching import StitchConfig, base_name, configs_agree, stitch
 
 
 def seg(run_id, name, first, last, t0, *, group=None, config=None, kind="mlflow", store="db"):

@@ -18,20 +18,20 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from detectors.pipeline import ScanConfig
-from detectors.sources.local import read_local
-from detectors.watch import AlertState, LocalReadCache, Sink, StateLocked, judge_sources, watch_pass
+from klwatch.pipeline import ScanConfig
+from klwatch.sources.local import read_local
+from klwatch.watch import AlertState, LocalReadCache, Sink, StateLocked, judge_sources, watch_pass
 from test_alerts import Receiver
 from tb_runs import write_run
 
 REPO = Path(__file__).resolve().parents[1]
-KLWATCH = [sys.executable, "-m", "detectors.cli"]
+KLWATCH = [sys.executable, "-m", "klwatch.cli"]
 ENV = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
 
 
 def klwatch(*args: object) -> Result:
     """The real command, in this process (a subprocess per call would cost seconds of imports)."""
-    from detectors.cli import app
+    from klwatch.cli import app
 
     res = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
     return Result(res.exit_code, res.stdout, res.stderr)
@@ -239,7 +239,7 @@ def test_the_options_shared_with_scan_reach_the_watcher(tmp_path):
 
 def _last_step_on_disk(folder: Path, suffix: str) -> int | None:
     """The last step of the event file ending in ``suffix``, as a fresh read of the bytes on disk sees it."""
-    from detectors.sources.tensorboard import read_tensorboard_file
+    from klwatch.sources.tensorboard import read_tensorboard_file
 
     files = sorted(folder.glob(f"events.out.tfevents.*{suffix}"))
     if not files:
@@ -284,7 +284,7 @@ def _delivered_in_state(path: Path) -> int:
 
 def _points_per_process(folder: Path) -> list[int]:
     """Points in each process's event file of a generated TensorBoard run, in launch order, as on disk now."""
-    from detectors.sources.tensorboard import read_tensorboard_file
+    from klwatch.sources.tensorboard import read_tensorboard_file
 
     per_file = []
     for f in folder.glob("events.out.tfevents.*"):

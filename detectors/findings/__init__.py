@@ -5,7 +5,7 @@ optimizer's moments, the data sampler's position, the adaptive KL controller; th
 the steps around it; a restart can go unlogged altogether. Each detector has a module of its own and
 reports ``Finding``s (SPEC: ``findings``), which ``klwatch check --fail-on DETECTOR,...`` can gate on.
 
-``run_findings`` is the one entry point the pipeline calls (``detectors.pipeline.judge_lineage``).
+``run_findings`` is the one entry point the pipeline calls (``klwatch.pipeline.judge_lineage``).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ noise, or by ``zero_collapse_z`` when that lowest point is exactly 0.0, as real 
 step against a reference rebuilt from the policy): a reference rebuilt at an unlogged restart moves
 little else. A collapse at a step a declared reference schedule touches is no
 suspicion (``detect(..., reference_schedule_steps=...)``; by default the steps the run's own
-declared schedule touches, read by ``detectors.declarations``).
+declared schedule touches, read by ``klwatch.declarations``).
 
 ``ruptures`` (binary segmentation, l2 cost) then places the change point in the shifted series
 jointly, and it must agree with the screen; the cheap screen runs first so that ``ruptures`` (slow to

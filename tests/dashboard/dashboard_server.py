@@ -27,7 +27,7 @@ def running_dashboard(sources: list[str], *, log: Path, timeout: float = 60.0) -
     """Yield the app's URL once /_stcore/health answers; the server is stopped on exit."""
     port = free_port()
     # The README's command, `klwatch dashboard`, which execs `streamlit run dashboard/app.py` headless.
-    cmd = [sys.executable, "-m", "detectors.cli", "dashboard", "--port", str(port), "--address", "127.0.0.1", *sources]
+    cmd = [sys.executable, "-m", "klwatch.cli", "dashboard", "--port", str(port), "--address", "127.0.0.1", *sources]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from detectors.pipeline import scan
-from detectors.reference_reset import ReferenceResetConfig
+from klwatch.pipeline import scan
+from klwatch.reference_reset import ReferenceResetConfig
 
 from dashboard_runs import write_fleet
 

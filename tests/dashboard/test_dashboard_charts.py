@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dashboard import charts, data
-from detectors.model import Lineage, LineageResult, Segment, Series
-from detectors.pipeline import ScanConfig
-from detectors.reference_reset import ReferenceResetConfig
+from klwatch.dashboard import charts, data
+from klwatch.model import Lineage, LineageResult, Segment, Series
+from klwatch.pipeline import ScanConfig
+from klwatch.reference_reset import ReferenceResetConfig
 
 from dashboard_runs import write_fleet
 

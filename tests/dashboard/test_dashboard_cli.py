@@ -7,8 +7,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from detectors import dashboard_cli
-from detectors.cli import app
+from klwatch import dashboard_cli
+from klwatch.cli import app
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from dashboard import data
-from detectors.pipeline import ScanConfig, scan
-from detectors.reference_reset import ReferenceResetConfig
-from detectors.report import to_dict
+from klwatch.dashboard import data
+from klwatch.pipeline import ScanConfig, scan
+from klwatch.reference_reset import ReferenceResetConfig
+from klwatch.report import to_dict
 
 from dashboard_runs import write_fleet, write_run
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from finding_helpers import REPO, SCENARIOS
 
-from detectors.model import LineageResult
-from detectors.pipeline import scan
+from klwatch.model import LineageResult
+from klwatch.pipeline import scan
 
 
 def _generate(out: Path, names: Sequence[str]) -> subprocess.Popen:

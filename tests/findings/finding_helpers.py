@@ -3,7 +3,7 @@
 Two kinds of runs: synthetic processes built here from the real run model and put through the real
 pipeline (``build_lineages`` then ``judge_lineage``), and sample runs made by the sample generator
 (``sample_runs/generate.py``: a real GRPO loop whose faults are planted through the real mechanism)
-into a temporary folder, once per test session, and read back with ``detectors.pipeline.scan``.
+into a temporary folder, once per test session, and read back with ``klwatch.pipeline.scan``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 from hypothesis import strategies as st
 
-from detectors.model import Finding, LineageResult, Segment, Series
-from detectors.pipeline import ScanConfig, build_lineages, judge_lineage
+from klwatch.model import Finding, LineageResult, Segment, Series
+from klwatch.pipeline import ScanConfig, build_lineages, judge_lineage
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from finding_helpers import SCENARIOS, judge, of
 
-from detectors.findings import KlRatchet, KlRatchetConfig
+from klwatch.findings import KlRatchet, KlRatchetConfig
 
 NAME = "kl_ratchet"
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from finding_helpers import FAULTS, SCENARIOS, judge, of, planted_step
 
-from detectors.findings import LrScheduleRestart, LrScheduleRestartConfig
+from klwatch.findings import LrScheduleRestart, LrScheduleRestartConfig
 
 NAME = "lr_schedule_restart"
 

@@ -7,7 +7,7 @@ import pytest
 from finding_helpers import FAULTS, SCENARIOS, judge, odd_processes, odd_results, of, planted_step
 from hypothesis import HealthCheck, given, settings
 
-from detectors.findings.optimizer_state_lost import OptimizerStateLost, OptimizerStateLostConfig
+from klwatch.findings.optimizer_state_lost import OptimizerStateLost, OptimizerStateLostConfig
 
 NAME = "optimizer_state_lost"
 

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from finding_helpers import BUGGY_REFERENCE, FAULTS, HEALTHY, SCENARIOS, alarms, odd_processes, odd_results
 
-from detectors.findings import DETECTORS, run_findings
-from detectors.findings.base import FindingDetector
-from detectors.model import Finding, LineageResult
-from detectors.report import lineage_dict
+from klwatch.findings import DETECTORS, run_findings
+from klwatch.findings.base import FindingDetector
+from klwatch.model import Finding, LineageResult
+from klwatch.report import lineage_dict
 
 
 def test_every_detector_is_registered_under_the_name_of_its_module():
@@ -18,8 +18,8 @@ def test_every_detector_is_registered_under_the_name_of_its_module():
                               "lost_steps", "suspected_restart", "kl_ratchet"}
     for name, cls in DETECTORS.items():
         assert cls.name == name
-        assert importlib.import_module(f"detectors.findings.{name}").__dict__[cls.__name__] is cls
-        assert cls.__module__ == f"detectors.findings.{name}" and (cls.__doc__ or importlib.import_module(cls.__module__).__doc__)
+        assert importlib.import_module(f"klwatch.findings.{name}").__dict__[cls.__name__] is cls
+        assert cls.__module__ == f"klwatch.findings.{name}" and (cls.__doc__ or importlib.import_module(cls.__module__).__doc__)
 
 
 def test_detection_table_on_the_generated_runs(sample):
@@ -55,7 +55,7 @@ def test_a_failing_detector_is_reported_and_the_others_still_run(sample, monkeyp
 
 
 def test_only_and_configs_select_and_tune_detectors(sample):
-    from detectors.findings import LrScheduleRestartConfig
+    from klwatch.findings import LrScheduleRestartConfig
 
     result = sample("lr-restart")
     assert [f.detector for f in run_findings(result, only=["lr_schedule_restart"])] == ["lr_schedule_restart"]

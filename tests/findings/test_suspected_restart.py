@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 from finding_helpers import SCENARIOS, judge, of
 
-from detectors.findings.suspected_restart import SuspectedRestart
-from detectors.pipeline import scan
+from klwatch.findings.suspected_restart import SuspectedRestart
+from klwatch.pipeline import scan
 
 NAME = "suspected_restart"
 

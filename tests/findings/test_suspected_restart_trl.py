@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from trl_like import TrlRun, healthy_variant, judge_trl
 
-from detectors.findings import DETECTORS
-from detectors.findings.base import GRAD_NORM, LOSS, find_metrics
-from detectors.findings.suspected_restart import family_of
-from detectors.metrics import kl_candidates
+from klwatch.findings import DETECTORS
+from klwatch.findings.base import GRAD_NORM, LOSS, find_metrics
+from klwatch.findings.suspected_restart import family_of
+from klwatch.metrics import kl_candidates
 
 NAME = "suspected_restart"
 
@@ -186,8 +186,8 @@ def test_verl_keys_under_one_logger_namespace_keep_their_own_families():
 def test_a_statistic_standardised_by_its_own_spread_rarely_reaches_the_threshold_on_noise():
     """On white noise the statistic's own robust spread is its unit, so ``min_z`` is a true
     many-sigma threshold, not ~4 sigma as in per-point noise units."""
-    from detectors.findings.suspected_restart import SuspectedRestart
-    from detectors.model import Series
+    from klwatch.findings.suspected_restart import SuspectedRestart
+    from klwatch.model import Series
 
     det = SuspectedRestart()
     rng = np.random.default_rng(0)
@@ -203,8 +203,8 @@ def test_the_reviewers_trl_shaped_healthy_run_raises_no_suspicion():
     """Design review e6: completions reach the max length at step 150 (four lengths and the clipped
     ratio jump), and at step 220 ``reward_std`` and ``frac_reward_zero_std`` move together; the old
     detector raised 3 warnings here, one of them on a near-zero fraction's noise (step 87)."""
-    from detectors.model import Segment, Series
-    from detectors.pipeline import ScanConfig, build_lineages, judge_lineage
+    from klwatch.model import Segment, Series
+    from klwatch.pipeline import ScanConfig, build_lineages, judge_lineage
 
     rng = np.random.default_rng(6)
     n = 300

@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from detectors.model import LineageResult, Segment, Series
-from detectors.pipeline import ScanConfig, build_lineages, judge_lineage
+from klwatch.model import LineageResult, Segment, Series
+from klwatch.pipeline import ScanConfig, build_lineages, judge_lineage
 
 
 @dataclass(frozen=True)

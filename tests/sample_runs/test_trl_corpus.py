@@ -40,7 +40,7 @@ POINTS_AFTER_RESUME = 3
 
 
 def scan_json(source: Path) -> tuple[int, dict]:
-    out = subprocess.run([sys.executable, "-m", "detectors.cli", "scan", str(source), "--format", "json"],
+    out = subprocess.run([sys.executable, "-m", "klwatch.cli", "scan", str(source), "--format", "json"],
                          capture_output=True, text=True, timeout=600, cwd=REPO)
     assert out.stdout.strip(), f"scan printed nothing (exit {out.returncode}): {out.stderr[-2000:]}"
     return out.returncode, json.loads(out.stdout)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from detectors.sources import read_source
-from detectors.sources.checkpoints import read_checkpoint_dir
-from detectors.sources.local import ReadError
+from klwatch.sources import read_source
+from klwatch.sources.checkpoints import read_checkpoint_dir
+from klwatch.sources.local import ReadError
 
 
 class _Trap:

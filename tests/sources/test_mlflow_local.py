@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from detectors.sources import read_source
-from detectors.sources.local import ReadError
-from detectors.sources import mlflow_local
-from detectors.sources.mlflow_local import read_mlflow_sqlite, read_mlruns
+from klwatch.sources import read_source
+from klwatch.sources.local import ReadError
+from klwatch.sources import mlflow_local
+from klwatch.sources.mlflow_local import read_mlflow_sqlite, read_mlruns
 
 T0 = 1_760_000_000_000  # ms
 

@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from detectors.sources import mlflow_server as ms
-from detectors.sources import read_source
+from klwatch.sources import mlflow_server as ms
+from klwatch.sources import read_source
 from mlflow_server import MlflowServer, free_port
 
 pytestmark = pytest.mark.server

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from detectors.sources import read_source
-from detectors.sources.local import ReadError
-from detectors.sources.tables import read_table
-from detectors.sources.tensorboard import read_tensorboard_file
+from klwatch.sources import read_source
+from klwatch.sources.local import ReadError
+from klwatch.sources.tables import read_table
+from klwatch.sources.tensorboard import read_tensorboard_file
 
 FORMATS = ["csv", "jsonl", "parquet"]
 

@@ -16,9 +16,9 @@ from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tensorboard.util import tensor_util
 
-from detectors.sources import read_source
-from detectors.sources.local import ReadError
-from detectors.sources.tensorboard import read_tensorboard_file
+from klwatch.sources import read_source
+from klwatch.sources.local import ReadError
+from klwatch.sources.tensorboard import read_tensorboard_file
 
 T0 = 1_780_000_000.0
 
@@ -379,7 +379,7 @@ def test_scan_of_a_zero_padded_event_file_exits_0_with_the_warning_in_the_report
                                           for s in range(1, 41)])
     path.write_bytes(path.read_bytes() + bytes(8192))
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-m", "detectors.cli", "scan", str(tmp_path), "--format", "json"],
+    out = subprocess.run([sys.executable, "-m", "klwatch.cli", "scan", str(tmp_path), "--format", "json"],
                          capture_output=True, text=True, timeout=120, cwd=root)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from wandb_stub import StubRun, WandbStub
 
-from detectors.sources import read_source
-from detectors.sources.wandb_api import read_wandb_api
+from klwatch.sources import read_source
+from klwatch.sources.wandb_api import read_wandb_api
 
 pytestmark = pytest.mark.server
 

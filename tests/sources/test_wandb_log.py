@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from detectors.sources import read_source
-from detectors.sources.local import ReadError, read_local
-from detectors.sources.wandb_log import BLOCK, read_wandb_run_dir
+from klwatch.sources import read_source
+from klwatch.sources.local import ReadError, read_local
+from klwatch.sources.wandb_log import BLOCK, read_wandb_run_dir
 
 CONFIG = {"lr": 1e-6, "kl_coef": 0.05, "model": {"name": "qwen", "size": 7}}
 
@@ -186,7 +186,7 @@ def test_reader_agrees_with_wandbs_own_protobuf_and_json_per_value(runs: dict[st
     same series, rows in the same order, and the same run record."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    from detectors.sources.wandb_log import read_records
+    from klwatch.sources.wandb_log import read_records
 
     for label in ("first", "nested", "rewound"):
         log = next(runs[label].glob("*.wandb"))
