@@ -25,8 +25,8 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from klwatch.model import Lineage, LineageResult, SourceError, SourceRead
-from klwatch.pipeline import ScanConfig, ScanResult, build_lineages, judge_lineage, matches_pattern, read_sources
+from klwatch.model import Lineage, LineageResult, ScanResult, SourceError, SourceRead
+from klwatch.pipeline import ScanConfig, build_lineages, judge_lineage, matches_pattern, read_sources
 from klwatch.sources import split_pattern
 from klwatch.sources.local import SKIP_DIRS
 

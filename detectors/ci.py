@@ -22,8 +22,8 @@ from rich.markup import escape
 
 from .cli_common import JunitOpt, ScanOptions, SourcesArg, err, run_scan, with_scan_options
 from .metrics import is_negated
-from .model import BoundaryVerdict, Finding, LineageResult, Series
-from .pipeline import ScanConfig, ScanResult, scan
+from .model import BoundaryVerdict, Finding, LineageResult, ScanResult, Series
+from .pipeline import ScanConfig, scan
 from .reference_reset import ReferenceResetConfig
 from .report import EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, EXIT_USAGE, exit_code, junit_xml
 

@@ -17,7 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from .boundaries import BoundaryConfig
-from .pipeline import ScanConfig, ScanResult, scan
+from .model import ScanResult
+from .pipeline import ScanConfig, scan
 from .reference_reset import ReferenceResetConfig
 from .report import EXIT_USAGE
 from .stitching import StitchConfig, load_lineage_file

@@ -9,6 +9,7 @@ Nothing downstream reaches back into a reader.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 import numpy as np
@@ -217,6 +218,8 @@ class Lineage:
     """The framework global-step metric used as x axis, or None for the tracker's step."""
     kl_metric: str | None = None
     """The reference-KL series chosen for this run, or None when none is logged."""
+    kl_negated: bool = False
+    """The KL metric is logged negated (as a reward term): ``kl_pieces`` flips it back."""
     notes: list[str] = field(default_factory=list)
     """Why its pieces are one run: every join of tracker pieces and every cut, in words."""
 
@@ -229,6 +232,18 @@ class Lineage:
     def series(self, metric: str) -> Series:
         """The metric over the whole lineage, pieces in order (steps may repeat after a rewind)."""
         return Series.concat([p[metric] for p in self.pieces if metric in p])
+
+    def kl_pieces(self) -> list[Series | None]:
+        """The reference KL in every piece, signed as a distance (a KL logged negated is flipped
+        back); None where a piece logs none. Every detector and face reads the KL through here."""
+        out: list[Series | None] = []
+        for piece in self.pieces:
+            s = piece.get(self.kl_metric) if self.kl_metric else None
+            if s is None or not len(s):
+                out.append(None)
+            else:
+                out.append(Series(s.steps, -s.values, s.wall_times) if self.kl_negated else s)
+        return out
 
 
 @dataclass
@@ -272,3 +287,31 @@ class LineageResult:
         if not self.verdicts:
             return None
         return max(self.verdicts, key=lambda v: v.score)
+
+
+@dataclass
+class ScanResult:
+    """A whole scan: every SOURCE as read and every training run as judged."""
+
+    sources: list[SourceRead]
+    results: list[LineageResult]
+    generated_at: str = field(default_factory=lambda: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+    @property
+    def any_reset(self) -> bool:
+        return any(r.status == "reference_reset" for r in self.results)
+
+    @property
+    def any_error(self) -> bool:
+        return any(s.errors for s in self.sources) or any(r.status == "error" or r.error for r in self.results)
+
+    @property
+    def nothing_read(self) -> bool:
+        return not any(not seg.error for s in self.sources for seg in s.segments)
+
+    @property
+    def unreadable(self) -> list[str]:
+        """What could not be read, one message each: every SOURCE's errors, then every training run
+        with an unreadable part (named)."""
+        return [e.message for s in self.sources for e in s.errors] + \
+               [f"{r.lineage.name}: {r.error}" for r in self.results if r.error]

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from .boundaries import BoundaryConfig, Piece, infer_boundaries, split_segment
 from .declarations import ReferenceSchedule, explain_boundary, reference_schedules, schedule_note
-from .metrics import choose_kl_metric, is_negated, step_axis_metric, to_framework_steps
-from .model import (Boundary, BoundaryVerdict, Finding, Lineage, LineageResult, Segment, Series, SourceError,
-                    SourceRead, cadence_of, extent_of)
+from .metrics import choose_kl_metric, is_negated
+from .step_axis import step_axis_metric, to_framework_steps
+from .model import (Boundary, BoundaryVerdict, Finding, Lineage, LineageResult, ScanResult, Segment, Series,
+                    SourceError, SourceRead, cadence_of, extent_of)
 from .reference_reset import ReferenceResetConfig, judge_boundary, typical_kl
 from .sources import read_source, split_pattern
 from .stitching import StitchConfig, starts_over, stitch
@@ -39,25 +39,6 @@ class ScanConfig:
     reference_reset: ReferenceResetConfig = field(default_factory=ReferenceResetConfig)
     findings: bool = True
     """Run the other resume-integrity detectors (``klwatch.findings``)."""
-
-
-@dataclass
-class ScanResult:
-    sources: list[SourceRead]
-    results: list[LineageResult]
-    generated_at: str = field(default_factory=lambda: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
-
-    @property
-    def any_reset(self) -> bool:
-        return any(r.status == "reference_reset" for r in self.results)
-
-    @property
-    def any_error(self) -> bool:
-        return any(s.errors for s in self.sources) or any(r.status == "error" or r.error for r in self.results)
-
-    @property
-    def nothing_read(self) -> bool:
-        return not any(not seg.error for s in self.sources for seg in s.segments)
 
 
 def read_sources(specs: Sequence[str], *, progress: Callable[[str], None] | None = None,
@@ -127,6 +108,7 @@ def build_lineages(segments: list[Segment], *, config: ScanConfig) -> list[Linea
             lineage.pieces = [p.series for p in run_pieces]  # declared restarts may have cut a piece
             lineage.piece_segments = [p.segment_index for p in run_pieces]
             lineage.kl_metric = metric
+            lineage.kl_negated = metric is not None and is_negated(metric)
             settle_tentative(lineage, config=config)
             lineages.append(lineage)
     return lineages
@@ -178,7 +160,7 @@ def settle_tentative(lineage: Lineage, *, config: ScanConfig) -> None:
     metric = lineage.kl_metric
     for b in sorted([b for b in lineage.boundaries if b.tentative], key=lambda b: -b.piece_index):
         if metric is not None:
-            kl_pieces = [_kl(p, metric) for p in lineage.pieces]
+            kl_pieces = lineage.kl_pieces()
             after = kl_pieces[b.piece_index]
             before = next((kl_pieces[j] for j in range(b.piece_index - 1, -1, -1) if kl_pieces[j] is not None), None)
             finite = np.concatenate([k.values[np.isfinite(k.values)] for k in kl_pieces if k is not None])
@@ -203,15 +185,6 @@ def settle_tentative(lineage: Lineage, *, config: ScanConfig) -> None:
                 other.piece_index -= 1
 
 
-def _kl(piece: dict[str, Series], metric: str) -> Series | None:
-    s = piece.get(metric)
-    if s is None or not len(s):
-        return None
-    if is_negated(metric):
-        return Series(s.steps, -s.values, s.wall_times)
-    return s
-
-
 def judge_lineage(lineage: Lineage, *, config: ScanConfig) -> LineageResult:
     """Give a training run its status and every boundary its verdict."""
     errors = [s.error for s in lineage.segments if s.error]
@@ -228,7 +201,7 @@ def judge_lineage(lineage: Lineage, *, config: ScanConfig) -> LineageResult:
         _unjudged(result, lineage.boundaries, "No KL logged on both sides of this boundary.")
         # the other resume-integrity checks do not need a KL: run them all the same
         return _with_findings(result, config)
-    kl_pieces = [_kl(p, metric) for p in lineage.pieces]
+    kl_pieces = lineage.kl_pieces()
     allkl = np.concatenate([k.values for k in kl_pieces if k is not None]) if any(k is not None for k in kl_pieces) else np.empty(0)
     finite = allkl[np.isfinite(allkl)]
     result = LineageResult(lineage, metric, "ok")
@@ -314,10 +287,12 @@ def _with_findings(result: LineageResult, config: ScanConfig) -> LineageResult:
     return result
 
 
-def judge_reads(reads: Sequence[tuple[SourceRead, str | None]], *, config: ScanConfig) -> list[LineageResult]:
+def judge_reads(reads: Sequence[tuple[SourceRead, str | None]], *, config: ScanConfig) -> ScanResult:
     """Stitch each read into training runs and judge those its ``#PATTERN`` keeps; a pattern that
-    keeps none is an error of that read, naming the SOURCE."""
+    keeps none is an error of that SOURCE in the result. The reads are left as they were (the
+    dashboard and the watcher cache them)."""
     results: list[LineageResult] = []
+    sources: list[SourceRead] = []
     for read, pattern in reads:
         matched = 0
         for lineage in build_lineages(read.segments, config=config):
@@ -325,13 +300,13 @@ def judge_reads(reads: Sequence[tuple[SourceRead, str | None]], *, config: ScanC
                 matched += 1
                 results.append(judge_lineage(lineage, config=config))
         if pattern and read.segments and not matched:
-            read.errors.append(SourceError(read.spec, f"{read.spec}: no training run matches #{pattern}"))
-    return results
+            read = replace(read, errors=[*read.errors, SourceError(read.spec, f"{read.spec}: no training run matches #{pattern}")])
+        sources.append(read)
+    return ScanResult(sources=sources, results=results)
 
 
 def scan(specs: Sequence[str], *, config: ScanConfig = ScanConfig(),
          progress: Callable[[str], None] | None = None, read: Callable[[str], SourceRead] = read_source) -> ScanResult:
     """Read, stitch and judge: the whole of ``klwatch scan`` (and of each ``klwatch watch`` poll,
     which reads through its cache)."""
-    reads = read_sources(specs, progress=progress, read=read)
-    return ScanResult(sources=[r for r, _ in reads], results=judge_reads(reads, config=config))
+    return judge_reads(read_sources(specs, progress=progress, read=read), config=config)

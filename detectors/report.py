@@ -12,8 +12,7 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 from . import __version__
-from .model import BoundaryVerdict, LineageResult
-from .pipeline import ScanResult
+from .model import BoundaryVerdict, LineageResult, ScanResult
 
 SCHEMA = "klwatch.report/1"
 

@@ -41,8 +41,8 @@ from rich.markup import escape
 
 from .alerts import Alert, alert_from_verdict, alert_line, backoff_delay, post_webhook, redact_url, scrub, slack_payload
 from .cli_common import ScanOptions, SourcesArg, err, with_scan_options
-from .model import Segment, SourceRead
-from .pipeline import ScanConfig, ScanResult, scan
+from .model import ScanResult, Segment, SourceRead
+from .pipeline import ScanConfig, scan
 from .report import EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
 from .sources import read_source
 from .sources.local import CHECKPOINT_DIR, Unit, UnitRead, read_local, read_unit
