@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
-from .metrics import flatten
 
 TRL_SWITCH, TRL_PERIOD, TRL_ALPHA = "sync_ref_model", "ref_model_sync_steps", "ref_model_mixup_alpha"
 KLWATCH_PREFIX = "klwatch."
@@ -237,3 +237,25 @@ def touched_steps(schedules: list[ReferenceSchedule], *, lo: int, hi: int) -> se
                     out.add(x + 1)
                 x += s.period
     return out
+
+
+def flatten(config: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in config.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict):
+            out.update(flatten(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def config_mentions(config: dict[str, Any], *, key: str, value: str) -> str | None:
+    """The first flattened ``key=value`` of a run's config where the key's last component matches
+    ``key`` and the value (as text) matches ``value``; None when there is none."""
+    kre, vre = re.compile(key, re.I), re.compile(value, re.I)
+    for k, v in flatten(config).items():
+        leaf = re.split(r"[/.]", str(k))[-1]
+        if kre.search(leaf) and vre.search(str(v)):
+            return f"{k}={v}"
+    return None

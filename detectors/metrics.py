@@ -1,8 +1,11 @@
-"""Which logged series is the reference KL, and which is the framework's step axis.
+"""What the frameworks call the quantities klwatch reads: the one home of metric names.
 
 Frameworks name the KL to the reference differently (SPEC.md "Metrics"), and several log look-alikes
 that are *not* a distance to the reference (PPO's policy-vs-old-policy KL, approx-KL early stopping,
-generation KL errors): those never reset at a resume, so picking one would hide the bug.
+generation KL errors): those never reset at a resume, so picking one would hide the bug. The other
+families (learning rate, loss, grad norm, entropy, reward, KL coefficient, counters, ...) are matched the
+same way, by exact name, then by that name under a prefix, then by a last path component; every detector
+and the dashboard find their series through here.
 """
 
 from __future__ import annotations
@@ -10,10 +13,9 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
-import numpy as np
-
-from .model import Segment, Series
+from .model import Segment
 
 # Reference-KL names of the major frameworks, most specific first.
 DEFAULT_KL_METRICS: tuple[str, ...] = (
@@ -106,43 +108,81 @@ def choose_kl_metric(segments: Sequence[Segment], *, patterns: Sequence[str] | N
     return ranked[0]
 
 
-def step_axis_metric(segment: Segment) -> str | None:
-    for m in STEP_AXIS_METRICS:
-        s = segment.series.get(m)
-        if s is not None and len(s) and np.all(np.isfinite(s.values)):
-            return m
-    return None
+# ------------------------------------------------------- the other quantities detectors read
 
 
-def to_framework_steps(segment: Segment, axis: str) -> Segment:
-    """Re-express every series of a segment on the framework's global step.
+@dataclass(frozen=True)
+class MetricFamily:
+    """How one quantity is named across frameworks: exact names (best first), then any name that ends
+    in one of them after a ``/`` or ``.`` prefix, then a last path component matching ``leaf``."""
 
-    Trackers count their own steps (W&B ``_step`` restarts with every new run); the framework's
-    global step continues across restarts, which is what stitching and the report need. A row whose
-    tracker step has no global step logged takes the last global step logged before it.
-    """
-    gs = segment.series[axis]
-    order = np.argsort(gs.steps, kind="stable")
-    tracker_steps = gs.steps[order]
-    global_steps = np.round(gs.values[order]).astype(np.int64)
-    new_series: dict[str, Series] = {}
-    for name, s in segment.series.items():
-        idx = np.searchsorted(tracker_steps, s.steps, side="right") - 1
-        keep = idx >= 0
-        mapped = global_steps[np.clip(idx, 0, None)]
-        new_series[name] = Series(mapped[keep], s.values[keep],
-                                  None if s.wall_times is None else s.wall_times[keep])
-    out = Segment(**{**segment.__dict__, "series": new_series})
-    out.meta = {**segment.meta, "step_axis": axis}
-    return out
+    names: tuple[str, ...]
+    leaf: str | None = None
+    exclude: str | None = None
 
 
-def flatten(config: dict, prefix: str = "") -> dict[str, object]:
-    out: dict[str, object] = {}
-    for k, v in config.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, dict):
-            out.update(flatten(v, key))
-        else:
-            out[key] = v
-    return out
+def find_metrics(names: Sequence[str], *, family: MetricFamily) -> list[str]:
+    """The logged names of a family, best first (bookkeeping ``_`` names never count)."""
+    names = sorted(n for n in names if not n.startswith("_"))
+    excl = re.compile(family.exclude, re.I) if family.exclude else None
+    ok = [n for n in names if not (excl and excl.search(n))]
+    found: list[str] = [m for m in family.names if m in ok]
+    for m in family.names:
+        for n in ok:
+            if n not in found and (n.endswith("/" + m) or n.endswith("." + m)):
+                found.append(n)
+    if family.leaf:
+        leaf = re.compile(family.leaf, re.I)
+        for n in ok:
+            if n not in found and leaf.fullmatch(re.split(r"[/.]", n)[-1]):
+                found.append(n)
+    return found
+
+
+def find_metric(names: Sequence[str], *, family: MetricFamily) -> str | None:
+    found = find_metrics(names, family=family)
+    return found[0] if found else None
+
+
+LR = MetricFamily(
+    names=("lr", "train/lr", "actor/lr", "train/learning_rate", "learning_rate", "optim/lr",
+           "optimizer/lr", "train/lr_0", "critic/lr"),
+    leaf=r"(lr|learning_rate|learning-rate)([-_](pg|group)?_?\d+)?|lr-\w+",
+)
+GRAD_NORM = MetricFamily(
+    names=("grad_norm", "train/grad_norm", "actor/grad_norm", "train/gradient_norm", "gradient_norm",
+           "optim/grad_norm", "critic/grad_norm"),
+    leaf=r"(global_|total_)?grad(ient)?_?norm(_(mean|avg|total))?",
+)
+LOSS = MetricFamily(
+    names=("loss", "train/loss", "actor/pg_loss", "pg_loss", "actor/loss", "train/policy_loss",
+           "policy_loss", "train/pg_loss", "loss/policy_avg"),
+    leaf=r"(total_|policy_|pg_|actor_)?loss",
+    exclude=r"(kl|entropy|value|vf|critic|aux|val/|eval)",
+)
+COUNTERS = MetricFamily(
+    names=("consumed_samples", "train/consumed_samples", "epoch", "train/epoch", "total_steps",
+           "train/total_steps", "consumed_tokens", "train/consumed_tokens", "train/num_samples"),
+    leaf=r"consumed_(samples|tokens)|epoch|total_steps|samples_seen|num_samples_seen",
+)
+PROMPT_LENGTH = MetricFamily(
+    names=("prompt_length", "train/prompt_length", "prompt_length/mean", "train/prompt_length/mean",
+           "prompt_len", "train/prompt_len", "input_length", "num_prompt_tokens"),
+    leaf=r"(mean_|avg_)?prompt_(length|len|tokens)(_(mean|avg))?",
+    exclude=r"(max|min|clip)",
+)
+KL_COEF = MetricFamily(
+    names=("actor/kl_coef", "critic/kl_coef", "kl_coef", "train/kl_coef", "objective/kl_coef",
+           "kl_ctl", "train/kl_ctl", "kl_coeff", "train/kl_beta"),
+    leaf=r"kl_(coef|coeff|ctl|ctrl|ctl_value|beta)",
+)
+ENTROPY = MetricFamily(
+    names=("entropy", "train/entropy", "actor/entropy", "policy/entropy_avg", "objective/entropy", "actor/entropy_loss"),
+    leaf=r"(mean_|avg_)?entropy(_(mean|avg|loss))?",
+)
+REWARD = MetricFamily(
+    names=("reward", "train/reward", "rewards/mean", "train/rewards/mean", "critic/score/mean", "critic/rewards/mean",
+           "env/reward_mean", "objective/scores"),
+    leaf=r"(mean_|avg_)?(reward|score)s?(_(mean|avg))?",
+    exclude=r"(kl|std|max|min)",
+)

@@ -16,7 +16,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from .metrics import choose_kl_metric, flatten
+from .declarations import flatten
+from .metrics import choose_kl_metric
 from .model import Segment, cadence_of
 
 # Config keys that legitimately change from one launch of a run to the next.

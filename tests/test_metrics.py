@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from klwatch.metrics import (choose_kl_metric, kl_candidates, to_framework_steps)
+from klwatch.metrics import choose_kl_metric, kl_candidates
+from klwatch.step_axis import to_framework_steps
 from klwatch.model import Segment, Series
 
 

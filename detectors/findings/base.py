@@ -1,5 +1,5 @@
-"""What every resume-integrity detector shares: the base class, metric-name matching, and the few
-statistics they all lean on (robust step-to-step noise, the run's series before/after a boundary).
+"""What every resume-integrity detector shares: the base class and the run's series around a boundary
+(metric names live in ``klwatch.metrics``, statistics in ``klwatch.stats``).
 
 A detector is configured once, every parameter an explicit keyword in a frozen config dataclass
 (ruptures-style: ``LrScheduleRestart(config=LrScheduleRestartConfig(min_jump=0.3))``), then run on
@@ -9,15 +9,12 @@ dashboard can expose the thresholds and tests can pin them.
 
 from __future__ import annotations
 
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import numpy as np
 
-from ..metrics import flatten
 from ..model import Boundary, Finding, Lineage, LineageResult, Series
 
 Severity = Literal["error", "warning", "info"]
@@ -59,87 +56,6 @@ def _plain(v: Any) -> Any:
     if isinstance(v, float) and not np.isfinite(v):
         return None
     return v
-
-
-# ------------------------------------------------------------------------------- metric names
-
-
-@dataclass(frozen=True)
-class MetricFamily:
-    """How one quantity is named across frameworks: exact names (best first), then any name that ends
-    in one of them after a ``/`` or ``.`` prefix, then a last path component matching ``leaf``."""
-
-    names: tuple[str, ...]
-    leaf: str | None = None
-    exclude: str | None = None
-
-
-def find_metrics(names: Sequence[str], *, family: MetricFamily) -> list[str]:
-    """The logged names of a family, best first (bookkeeping ``_`` names never count)."""
-    names = sorted(n for n in names if not n.startswith("_"))
-    excl = re.compile(family.exclude, re.I) if family.exclude else None
-    ok = [n for n in names if not (excl and excl.search(n))]
-    found: list[str] = [m for m in family.names if m in ok]
-    for m in family.names:
-        for n in ok:
-            if n not in found and (n.endswith("/" + m) or n.endswith("." + m)):
-                found.append(n)
-    if family.leaf:
-        leaf = re.compile(family.leaf, re.I)
-        for n in ok:
-            if n not in found and leaf.fullmatch(re.split(r"[/.]", n)[-1]):
-                found.append(n)
-    return found
-
-
-def find_metric(names: Sequence[str], *, family: MetricFamily) -> str | None:
-    found = find_metrics(names, family=family)
-    return found[0] if found else None
-
-
-LR = MetricFamily(
-    names=("lr", "train/lr", "actor/lr", "train/learning_rate", "learning_rate", "optim/lr",
-           "optimizer/lr", "train/lr_0", "critic/lr"),
-    leaf=r"(lr|learning_rate|learning-rate)([-_](pg|group)?_?\d+)?|lr-\w+",
-)
-GRAD_NORM = MetricFamily(
-    names=("grad_norm", "train/grad_norm", "actor/grad_norm", "train/gradient_norm", "gradient_norm",
-           "optim/grad_norm", "critic/grad_norm"),
-    leaf=r"(global_|total_)?grad(ient)?_?norm(_(mean|avg|total))?",
-)
-LOSS = MetricFamily(
-    names=("loss", "train/loss", "actor/pg_loss", "pg_loss", "actor/loss", "train/policy_loss",
-           "policy_loss", "train/pg_loss", "loss/policy_avg"),
-    leaf=r"(total_|policy_|pg_|actor_)?loss",
-    exclude=r"(kl|entropy|value|vf|critic|aux|val/|eval)",
-)
-COUNTERS = MetricFamily(
-    names=("consumed_samples", "train/consumed_samples", "epoch", "train/epoch", "total_steps",
-           "train/total_steps", "consumed_tokens", "train/consumed_tokens", "train/num_samples"),
-    leaf=r"consumed_(samples|tokens)|epoch|total_steps|samples_seen|num_samples_seen",
-)
-PROMPT_LENGTH = MetricFamily(
-    names=("prompt_length", "train/prompt_length", "prompt_length/mean", "train/prompt_length/mean",
-           "prompt_len", "train/prompt_len", "input_length", "num_prompt_tokens"),
-    leaf=r"(mean_|avg_)?prompt_(length|len|tokens)(_(mean|avg))?",
-    exclude=r"(max|min|clip)",
-)
-KL_COEF = MetricFamily(
-    names=("actor/kl_coef", "critic/kl_coef", "kl_coef", "train/kl_coef", "objective/kl_coef",
-           "kl_ctl", "train/kl_ctl", "kl_coeff", "train/kl_beta"),
-    leaf=r"kl_(coef|coeff|ctl|ctrl|ctl_value|beta)",
-)
-
-
-def config_mentions(config: dict[str, Any], *, key: str, value: str) -> str | None:
-    """The first flattened ``key=value`` of a run's config where the key's last component matches
-    ``key`` and the value (as text) matches ``value``; None when there is none."""
-    kre, vre = re.compile(key, re.I), re.compile(value, re.I)
-    for k, v in flatten(config).items():
-        leaf = re.split(r"[/.]", str(k))[-1]
-        if kre.search(leaf) and vre.search(str(v)):
-            return f"{k}={v}"
-    return None
 
 
 # ------------------------------------------------------------------------------ series access

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import Boundary, Finding, Lineage, LineageResult
-from .base import (COUNTERS, PROMPT_LENGTH, FindingDetector, MetricFamily, before_after, find_metric,
-                   find_metrics, fmt, history, log_interval, opening, piece_series)
+from ..metrics import COUNTERS, PROMPT_LENGTH, MetricFamily, find_metric, find_metrics
+from .base import FindingDetector, before_after, fmt, history, log_interval, opening, piece_series
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import Boundary, Finding, LineageResult, Series
-from .base import (KL_COEF, FindingDetector, MetricFamily, find_metric, fmt, log_interval, opening, piece_series,
-                   resumes_with_history)
+from ..metrics import KL_COEF, MetricFamily, find_metric
+from .base import FindingDetector, fmt, log_interval, opening, piece_series, resumes_with_history
 
 
 @dataclass(frozen=True)

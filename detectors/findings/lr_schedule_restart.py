@@ -26,8 +26,9 @@ from scipy.special import expit, logsumexp
 
 from ..model import Boundary, Finding, LineageResult, Series
 from ..reference_reset import t_logpdf
-from .base import (LR, FindingDetector, MetricFamily, config_mentions, find_metric, fmt, log_interval, opening,
-                   piece_series, resumes_with_history)
+from ..declarations import config_mentions
+from ..metrics import LR, MetricFamily, find_metric
+from .base import FindingDetector, fmt, log_interval, opening, piece_series, resumes_with_history
 
 
 @dataclass(frozen=True)

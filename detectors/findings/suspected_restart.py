@@ -61,10 +61,9 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ..declarations import reference_schedules, touched_steps
-from ..metrics import kl_candidates
 from ..model import Finding, Lineage, LineageResult, Series
-from .base import (COUNTERS, GRAD_NORM, KL_COEF, LOSS, LR, FindingDetector, MetricFamily, find_metrics, fmt,
-                   pooled_diff_noise)
+from ..metrics import COUNTERS, GRAD_NORM, KL_COEF, LOSS, LR, MetricFamily, find_metrics, kl_candidates
+from .base import FindingDetector, fmt, pooled_diff_noise
 
 KL, ENTROPY, REWARD = "kl", "entropy", "reward"
 STATE_FAMILIES = (KL, ENTROPY, "loss", "grad_norm", REWARD)

@@ -12,9 +12,8 @@ from hypothesis import strategies as st
 from trl_like import TrlRun, healthy_variant, judge_trl
 
 from klwatch.findings import DETECTORS
-from klwatch.findings.base import GRAD_NORM, LOSS, find_metrics
 from klwatch.findings.suspected_restart import family_of
-from klwatch.metrics import kl_candidates
+from klwatch.metrics import GRAD_NORM, LOSS, find_metrics, kl_candidates
 
 NAME = "suspected_restart"
 

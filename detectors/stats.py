@@ -1,0 +1,65 @@
+"""The few statistics every detector leans on, in one place.
+
+KL, learning rates and losses are judged in log space (they are positive and their noise is
+multiplicative), with a floor so a value of ~0 stays finite; noise is measured robustly (the median
+absolute deviation, scaled to a Gaussian sigma), so one spike or a trend does not inflate it; points are
+weighed with a Student-t density, so one outlier is never a verdict. No ``scipy.stats`` here: importing
+it costs every CLI start most of a second.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import gammaln
+
+from .model import Series
+
+MAD_TO_SIGMA = 1.4826
+"""The MAD of Gaussian data times this is its standard deviation (1 / Phi^-1(3/4))."""
+
+FIRST_DIFF_SCALE = float(np.sqrt(2.0))
+"""A first difference of two points adds two noises: its sigma is sqrt(2) that of one point."""
+
+SECOND_DIFF_SCALE = float(np.sqrt(6.0))
+"""A second difference x[i+1] - 2 x[i] + x[i-1] has sigma sqrt(1 + 4 + 1) that of one point."""
+
+
+def floored_log(x: np.ndarray | float, eps: float) -> np.ndarray:
+    """log(max(x, 0) + eps): the log of a positive quantity that may touch zero (a KL right after the
+    reference was snapshotted is exactly 0), ``eps`` being the level below which values count as zero."""
+    return np.log(np.clip(x, 0.0, None) + eps)
+
+
+def mad(x: np.ndarray) -> float:
+    """The median absolute deviation around the median (0 for no points)."""
+    x = np.asarray(x)
+    return float(np.median(np.abs(x - np.median(x)))) if len(x) else 0.0
+
+
+def robust_sigma(x: np.ndarray) -> float:
+    """A Gaussian-equivalent standard deviation that one spike cannot inflate: ``MAD_TO_SIGMA`` x MAD."""
+    return mad(x) * MAD_TO_SIGMA
+
+
+def diff_noise(x: np.ndarray) -> float:
+    """The noise of one point from its step-to-step differences: robust to a trend (differencing
+    removes it) and to spikes (the MAD ignores them)."""
+    return robust_sigma(np.diff(x)) / FIRST_DIFF_SCALE
+
+
+def t_logpdf(x: np.ndarray | float, dof: float, loc: np.ndarray | float, scale: np.ndarray | float) -> np.ndarray:
+    """Student-t log density, as ``scipy.stats.t.logpdf``: heavy tails so one outlier is not a verdict."""
+    z = (np.asarray(x) - loc) / scale
+    return (gammaln((dof + 1) / 2) - gammaln(dof / 2) - 0.5 * np.log(dof * np.pi) - np.log(scale)
+            - (dof + 1) / 2 * np.log1p(z * z / dof))
+
+
+def last_per_step(s: Series) -> Series:
+    """The series as a function of step, sorted by step, the latest logged value winning where a step
+    was logged twice (a rewind re-logs steps; the last write is what the resumed process restored)."""
+    rev_steps = s.steps[::-1]
+    _, idx = np.unique(rev_steps, return_index=True)
+    keep = len(s) - 1 - idx
+    keep.sort()
+    out = s.take(keep)
+    return out.take(np.argsort(out.steps, kind="stable"))
