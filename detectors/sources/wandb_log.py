@@ -121,6 +121,12 @@ def read_records(data: bytes, *, name: str) -> tuple[list[bytes], list[str]]:
     that began before it are skipped too), with a warning; when no later block exists there is no
     sound way on: ReadError.
     """
+    _check_file_header(data)
+    return _Unframer(data, name).run()
+
+
+def _check_file_header(data: bytes) -> None:
+    """Refuse a file that is not a version-0 W&B log before reading any chunk of it."""
     if len(data) < FILE_HEADER_LEN:
         raise ReadError(f"not a W&B transaction log: {len(data)} bytes, shorter than its 7-byte header")
     if data[:6] != FILE_HEADER:
@@ -128,117 +134,142 @@ def read_records(data: bytes, *, name: str) -> tuple[list[bytes], list[str]]:
     if data[6] != FORMAT_VERSION:
         raise ReadError(f"unsupported .wandb format version {data[6]} (this reader knows version 0)")
 
-    out: list[bytes] = []
-    warnings: list[str] = []
-    n = len(data)
-    pos = FILE_HEADER_LEN
-    parts: list[bytes] | None = None  # chunks of a FIRST..LAST record being assembled
-    part_start = 0
-    resyncing = False  # just jumped past corruption: skip MIDDLE/LAST chunks of a lost record
-    skipped = 0
-    unpack = struct.Struct("<IHB").unpack_from
-    crc32 = zlib.crc32
-    seeds = CHUNK_SEEDS
-    append = out.append
 
-    def cut_short(where: str) -> None:
-        warnings.append(f"{name} is cut short at byte {n} {where} (crash, or a run still being "
-                        f"written): read the {len(out)} whole records before it")
+_CHUNK_HEADER = struct.Struct("<IHB")  # CRC-32, payload length, chunk type
 
-    def corrupt(at: int, why: str) -> int:
-        """Where to go on after a corrupt chunk at ``at``: the next block, or -1 (zero-filled end)."""
-        nonlocal parts, resyncing, skipped
-        if not any(data[at:]):
-            warnings.append(f"{name} ends in {n - at} zero bytes from byte {at} (cut short by a crash?): "
-                            f"read the {len(out)} whole records before them")
-            return -1
-        next_block = (at // BLOCK + 1) * BLOCK
-        if next_block >= n:
-            raise ReadError(f"corrupt record at byte {at}: {why}; no later 32 KiB block to resume from")
-        skipped += 1
-        if skipped <= MAX_WARNINGS:
-            lost = " and the record it continued" if parts is not None else ""
-            warnings.append(f"{name}: corrupt record at byte {at}: {why}; skipped to the next 32 KiB block "
-                            f"at byte {next_block}, losing the records in between{lost}")
-        parts, resyncing = None, True
-        return next_block
 
-    seed_full = seeds[FULL]
-    while pos < n:
-        block_end = pos - pos % BLOCK + BLOCK
-        if parts is None:  # fast path: whole FULL chunks with a good CRC, as far as they go
-            count = len(out)
-            limit = min(block_end, n)
-            while pos + CHUNK_HEADER <= limit:
-                crc, length, ctype = unpack(data, pos)
-                end = pos + CHUNK_HEADER + length
-                if ctype != FULL or end > limit:
+class _Unframer:
+    """One pass over a ``.wandb`` file's chunks, holding what the pass has found so far.
+
+    The state (records out, a FIRST..LAST record being assembled, whether corruption was just
+    skipped) is shared by the fast path for runs of whole FULL chunks and the careful path for
+    everything else, which is why it lives in one object rather than in the functions' locals.
+    """
+
+    def __init__(self, data: bytes, name: str) -> None:
+        self.data = data
+        self.name = name
+        self.n = len(data)
+        self.out: list[bytes] = []
+        self.warnings: list[str] = []
+        self.parts: list[bytes] | None = None  # chunks of a FIRST..LAST record being assembled
+        self.part_start = 0
+        self.resyncing = False  # just jumped past corruption: skip MIDDLE/LAST chunks of a lost record
+        self.skipped = 0
+
+    def run(self) -> tuple[list[bytes], list[str]]:
+        """Every chunk from the file header on, block by block; then the warnings for the end."""
+        n = self.n
+        pos = FILE_HEADER_LEN
+        while pos < n:
+            block_end = pos - pos % BLOCK + BLOCK
+            if self.parts is None:
+                pos = self._full_chunks(pos, min(block_end, n))
+                if pos >= n:
                     break
-                payload = data[pos + CHUNK_HEADER:end]
-                if crc32(payload, seed_full) != crc:
-                    break
-                append(payload)
-                pos = end
-            if len(out) > count:
-                resyncing = False
-            if pos >= n:
+            if block_end - pos < CHUNK_HEADER:  # block tail too short for a chunk: zero padding
+                pos = block_end
+                continue
+            pos = self._chunk(pos, block_end)
+            if pos < 0:
                 break
-        if block_end - pos < CHUNK_HEADER:  # block tail too short for a chunk: zero padding
-            pos = block_end
-            continue
+        if self.parts is not None:
+            self.warnings.append(
+                f"{self.name} is cut short inside a record that began at byte {self.part_start} (crash, or "
+                f"a run still being written): read the {len(self.out)} whole records before it")
+        if self.skipped > MAX_WARNINGS:
+            self.warnings.append(f"{self.name}: {self.skipped} corrupt stretches skipped in all")
+        return self.out, self.warnings
+
+    def _full_chunks(self, pos: int, limit: int) -> int:
+        """The fast path: whole FULL chunks with a good CRC, as far as they go before ``limit``;
+        where the first other chunk starts. This loop runs once per record of a long run, so it
+        stays a tight loop over locals."""
+        data, append = self.data, self.out.append
+        unpack, crc32, seed_full = _CHUNK_HEADER.unpack_from, zlib.crc32, CHUNK_SEEDS[FULL]
+        count = len(self.out)
+        while pos + CHUNK_HEADER <= limit:
+            crc, length, ctype = unpack(data, pos)
+            end = pos + CHUNK_HEADER + length
+            if ctype != FULL or end > limit:
+                break
+            payload = data[pos + CHUNK_HEADER:end]
+            if crc32(payload, seed_full) != crc:
+                break
+            append(payload)
+            pos = end
+        if len(self.out) > count:
+            self.resyncing = False
+        return pos
+
+    def _chunk(self, pos: int, block_end: int) -> int:
+        """The careful path for the chunk at ``pos``: where to go on, or -1 to stop reading."""
+        data, n = self.data, self.n
         if pos + CHUNK_HEADER > n:
-            cut_short("inside a chunk header")
-            parts = None
-            break
-        crc, length, ctype = unpack(data, pos)
+            self._cut_short("inside a chunk header")
+            return -1
+        crc, length, ctype = _CHUNK_HEADER.unpack_from(data, pos)
         start = pos + CHUNK_HEADER
         end = start + length
         if end > block_end or not 0 < ctype < 5:
             why = (f"chunk type {ctype}" if not 0 < ctype < 5
                    else f"chunk length {length} runs past its 32 KiB block")
-            pos = corrupt(pos, why)
-            if pos < 0:
-                break
-            continue
+            return self._corrupt(pos, why)
         if end > n:
-            cut_short("inside a record")
-            parts = None
-            break
+            self._cut_short("inside a record")
+            return -1
         payload = data[start:end]
-        computed = crc32(payload, seeds[ctype])
+        computed = zlib.crc32(payload, CHUNK_SEEDS[ctype])
         if computed != crc:
-            pos = corrupt(pos, f"CRC mismatch (stored {crc:#010x}, computed {computed:#010x})")
-            if pos < 0:
-                break
-            continue
-        # the chunk is whole and its CRC holds, so the framing stays aligned whatever its type says
-        if ctype == FULL:
-            if parts is not None:
-                warnings.append(f"{name}: record at byte {part_start} never finished; dropped")
-                parts = None
-            resyncing = False
-            append(payload)
-        elif ctype == FIRST:
-            if parts is not None:
-                warnings.append(f"{name}: record at byte {part_start} never finished; dropped")
-            resyncing = False
-            parts, part_start = [payload], pos
-        elif parts is None:
-            if not resyncing:
-                warnings.append(f"{name}: continuation chunk at byte {pos} without a first chunk; skipped")
-        elif ctype == MIDDLE:
-            parts.append(payload)
+            return self._corrupt(pos, f"CRC mismatch (stored {crc:#010x}, computed {computed:#010x})")
+        self._take(ctype, payload, pos)
+        return end
+
+    def _take(self, ctype: int, payload: bytes, pos: int) -> None:
+        """Assemble a whole chunk whose CRC holds: the framing stays aligned whatever its type says."""
+        if ctype == FULL or ctype == FIRST:
+            if self.parts is not None:
+                self.warnings.append(f"{self.name}: record at byte {self.part_start} never finished; dropped")
+            self.resyncing = False
+            if ctype == FULL:
+                self.parts = None
+                self.out.append(payload)
+            else:
+                self.parts, self.part_start = [payload], pos
+        elif self.parts is None:
+            if not self.resyncing:
+                self.warnings.append(f"{self.name}: continuation chunk at byte {pos} without a first chunk; "
+                                     "skipped")
         else:
-            parts.append(payload)
-            append(b"".join(parts))
-            parts = None
-        pos = end
-    if parts is not None:
-        warnings.append(f"{name} is cut short inside a record that began at byte {part_start} (crash, or a "
-                        f"run still being written): read the {len(out)} whole records before it")
-    if skipped > MAX_WARNINGS:
-        warnings.append(f"{name}: {skipped} corrupt stretches skipped in all")
-    return out, warnings
+            self.parts.append(payload)
+            if ctype == LAST:
+                self.out.append(b"".join(self.parts))
+                self.parts = None
+
+    def _cut_short(self, where: str) -> None:
+        """The file ends inside a chunk: keep the whole records before it; a record being assembled
+        is lost with it, so it gets no warning of its own."""
+        self.warnings.append(f"{self.name} is cut short at byte {self.n} {where} (crash, or a run still being "
+                             f"written): read the {len(self.out)} whole records before it")
+        self.parts = None
+
+    def _corrupt(self, at: int, why: str) -> int:
+        """Where to go on after a corrupt chunk at ``at``: the next block, or -1 (zero-filled end)."""
+        data, n, name = self.data, self.n, self.name
+        if not any(data[at:]):
+            self.warnings.append(f"{name} ends in {n - at} zero bytes from byte {at} (cut short by a crash?): "
+                                 f"read the {len(self.out)} whole records before them")
+            return -1
+        next_block = (at // BLOCK + 1) * BLOCK
+        if next_block >= n:
+            raise ReadError(f"corrupt record at byte {at}: {why}; no later 32 KiB block to resume from")
+        self.skipped += 1
+        if self.skipped <= MAX_WARNINGS:
+            lost = " and the record it continued" if self.parts is not None else ""
+            self.warnings.append(f"{name}: corrupt record at byte {at}: {why}; skipped to the next 32 KiB "
+                                 f"block at byte {next_block}, losing the records in between{lost}")
+        self.parts, self.resyncing = None, True
+        return next_block
 
 
 def parse_batch(records: list[bytes], *, name: str) -> tuple[Any, list[str]]:
@@ -640,27 +671,10 @@ def read_wandb_run_dir(path: Path, *, ref: str, source: str) -> list[Segment]:
     """
     path = Path(path)
     log, warnings = _log_file(path)
-    data = log.read_bytes()
-    records, frame_warnings = read_records(data, name=log.name)
-    warnings += frame_warnings
-    size = len(data)
-    del data  # keep the peak memory near a few times the file, not more
-    batch, batch_warnings = parse_batch(records, name=log.name)
-    warnings += batch_warnings
-    del records
-
+    batch, size = _parse_log(log, warnings)
     series, hist_warnings = read_history(list(batch.history))
     warnings += [f"{log.name}: {w}" for w in hist_warnings]
-    config: dict[str, Any] = {}
-    internal: dict[str, Any] = {}
-    run: Any = None
-    for r in batch.run:  # the first run record, completed by any later one (e.g. a server update)
-        if run is None:
-            run = type(r)()
-        run.MergeFrom(r)
-        apply_config(config, r.config, internal)
-    for c in batch.config:
-        apply_config(config, c, internal)
+    run, config, internal = _run_and_config(batch)
     meta: dict[str, Any] = {"log": log.name, "log_bytes": size, "history_rows": len(batch.history),
                             "summary": read_summary(list(batch.summary))}
     if len(batch.exit):
@@ -674,7 +688,46 @@ def read_wandb_run_dir(path: Path, *, ref: str, source: str) -> list[Segment]:
         warnings.append(f"{log.name} has no run record (cut short at the start?): run id taken from "
                         "the folder name")
         return [seg]
-    seg.run_id = run.run_id or folder_id
+    _apply_run_record(seg, run, meta)
+    if internal:
+        meta["wandb"] = internal
+    return [seg]
+
+
+def _parse_log(log: Path, warnings: list[str]) -> tuple[Any, int]:
+    """The log's records parsed as one batch, and the file's size. A function of its own so that the
+    file's bytes and the raw records are freed on return: the peak memory stays near a few times the
+    file, not more."""
+    data = log.read_bytes()
+    records, frame_warnings = read_records(data, name=log.name)
+    warnings += frame_warnings
+    size = len(data)
+    del data
+    batch, batch_warnings = parse_batch(records, name=log.name)
+    warnings += batch_warnings
+    return batch, size
+
+
+def _run_and_config(batch: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """The run record (the first one, completed by any later one, e.g. a server update), the config
+    its records and the config records build, and wandb's own ``_wandb`` config."""
+    config: dict[str, Any] = {}
+    internal: dict[str, Any] = {}
+    run: Any = None
+    for r in batch.run:
+        if run is None:
+            run = type(r)()
+        run.MergeFrom(r)
+        apply_config(config, r.config, internal)
+    for c in batch.config:
+        apply_config(config, c, internal)
+    return run, config, internal
+
+
+def _apply_run_record(seg: Segment, run: Any, meta: dict[str, Any]) -> None:
+    """What the run record says about the run: its id, names, start, and how it began (a resume, a
+    rewind or a fork of another run)."""
+    seg.run_id = run.run_id or seg.run_id
     seg.name = run.display_name or None
     seg.group = run.run_group or None
     seg.tags = {t: "" for t in run.tags}
@@ -692,6 +745,3 @@ def read_wandb_run_dir(path: Path, *, ref: str, source: str) -> list[Segment]:
         meta["forked"] = bool(run.forked) or bp.run != seg.run_id  # a fork branches off another run
         if (bp.metric or "_step") == "_step":
             seg.resumed_from_step = int(bp.value)
-    if internal:
-        meta["wandb"] = internal
-    return [seg]
