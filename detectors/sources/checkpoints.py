@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -103,11 +104,51 @@ def log_history_series(log_history: list[Any]) -> dict[str, Series]:
             for k, (s, v) in cols.items()}
 
 
+@dataclass
+class _Gathered:
+    """What the checkpoints say about the run as a whole, gathered oldest to newest so that the
+    newest checkpoint's name, config and log history win."""
+
+    warnings: list[str] = field(default_factory=list)
+    name: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    newest_hf: tuple[int, list[Any]] | None = None
+    """(step, ``log_history``) of the newest Hugging Face checkpoint that has one."""
+
+
 def read_checkpoint_dir(path: Path, *, ref: str, source: str) -> list[Segment]:
     """One ``checkpoints`` Segment for a folder of checkpoint folders."""
     path = Path(path)
-    warnings: list[str] = []
     prefix = "" if ref in ("", ".") else f"{ref}/"
+    found = _checkpoint_folders(path)
+    got = _Gathered()
+    checkpoints = [_read_checkpoint(step, layout, folder, rel=f"{prefix}{folder.name}", got=got)
+                   for step, layout, folder in found]
+    meta: dict[str, Any] = {
+        "checkpoints": checkpoints,
+        "layouts": sorted({c["layout"] for c in checkpoints}),
+    }
+    _read_latest_markers(path, prefix=prefix, meta=meta, got=got)
+    series: dict[str, Series] = {}
+    if got.newest_hf is not None:
+        meta["log_history_from"] = f"checkpoint-{got.newest_hf[0]}"
+        series = log_history_series(got.newest_hf[1])
+
+    return [Segment(
+        kind="checkpoints",
+        ref=ref,
+        source=source,
+        name=got.name or path.resolve().name,
+        config=got.config,
+        series=series,
+        checkpoint_steps=sorted({c["step"] for c in checkpoints}),
+        warnings=got.warnings,
+        meta=meta,
+    )]
+
+
+def _checkpoint_folders(path: Path) -> list[tuple[int, str, Path]]:
+    """(step, layout, folder) of every checkpoint folder in ``path``, oldest first."""
     found: list[tuple[int, str, Path]] = []
     for child in path.iterdir():
         hit = _layout(child.name)
@@ -116,87 +157,83 @@ def read_checkpoint_dir(path: Path, *, ref: str, source: str) -> list[Segment]:
     if not found:
         raise ReadError("no checkpoint folders (step_N, checkpoint-N, global_step_N) in it")
     found.sort(key=lambda t: (t[0], t[1]))
+    return found
 
-    checkpoints: list[dict[str, Any]] = []
-    name: str | None = None
-    config: dict[str, Any] = {}
-    series: dict[str, Series] = {}
-    newest_hf: tuple[int, list[Any]] | None = None
-    for step, layout, folder in found:
-        rel = f"{prefix}{folder.name}"
-        info: dict[str, Any] = {"step": step, "folder": folder.name, "layout": layout}
-        if layout == "nemo-rl":
-            f = folder / "training_info.json"
-            doc = _load_json(f, f"{rel}/training_info.json", warnings)
-            if isinstance(doc, dict):
-                info.update(_scalars(doc))
-                info["step"] = step  # the folder name is what NeMo-RL resumes from
-                name = _name_in(doc) or name
-            elif doc is not None:
-                warnings.append(f"{rel}/training_info.json: not a JSON object; skipped")
-            cfg_file = folder / "config.yaml"
-            if cfg_file.is_file():
-                try:
-                    cfg = yaml.safe_load(cfg_file.read_text(encoding="utf-8"))
-                    if isinstance(cfg, dict):
-                        config = cfg  # the newest checkpoint's config wins (loop is by step)
-                        name = _nemo_config_name(cfg) or name
-                except (OSError, ValueError, yaml.YAMLError) as exc:
-                    warnings.append(f"{rel}/config.yaml: cannot read YAML ({type(exc).__name__}); skipped")
-        elif layout == "huggingface":
-            f = folder / "trainer_state.json"
-            doc = _load_json(f, f"{rel}/trainer_state.json", warnings)
-            if isinstance(doc, dict):
-                info.update({k: doc[k] for k in TRAINER_STATE_KEYS if k in doc})
-                gs = doc.get("global_step")
-                if isinstance(gs, int) and gs != step:
-                    warnings.append(f"{rel}/trainer_state.json: global_step {gs} differs from the "
-                                    f"folder's step {step}")
-                name = _name_in(doc) or name
-                hist = doc.get("log_history")
-                if isinstance(hist, list) and (newest_hf is None or step >= newest_hf[0]):
-                    newest_hf = (step, hist)
-            elif doc is None and not f.exists():
-                warnings.append(f"{rel}: no trainer_state.json (an incomplete checkpoint?)")
-            elif doc is not None:
-                warnings.append(f"{rel}/trainer_state.json: not a JSON object; skipped")
-        else:
-            f = folder
+
+def _read_checkpoint(step: int, layout: str, folder: Path, *, rel: str, got: _Gathered) -> dict[str, Any]:
+    """One checkpoint's entry in ``meta["checkpoints"]``; what it says about the run goes to ``got``."""
+    info: dict[str, Any] = {"step": step, "folder": folder.name, "layout": layout}
+    if layout == "nemo-rl":
+        f = _read_nemo_rl(folder, step=step, rel=rel, info=info, got=got)
+    elif layout == "huggingface":
+        f = _read_huggingface(folder, step=step, rel=rel, info=info, got=got)
+    else:
+        f = folder
+    try:
+        info["mtime"] = (f if f.exists() else folder).stat().st_mtime
+    except OSError:
+        info["mtime"] = None
+    return info
+
+
+def _read_nemo_rl(folder: Path, *, step: int, rel: str, info: dict[str, Any], got: _Gathered) -> Path:
+    """``training_info.json`` and ``config.yaml`` of a NeMo-RL ``step_N``; the file whose time is
+    the checkpoint's."""
+    f = folder / "training_info.json"
+    doc = _load_json(f, f"{rel}/training_info.json", got.warnings)
+    if isinstance(doc, dict):
+        info.update(_scalars(doc))
+        info["step"] = step  # the folder name is what NeMo-RL resumes from
+        got.name = _name_in(doc) or got.name
+    elif doc is not None:
+        got.warnings.append(f"{rel}/training_info.json: not a JSON object; skipped")
+    cfg_file = folder / "config.yaml"
+    if cfg_file.is_file():
         try:
-            info["mtime"] = (f if f.exists() else folder).stat().st_mtime
-        except OSError:
-            info["mtime"] = None
-        checkpoints.append(info)
+            cfg = yaml.safe_load(cfg_file.read_text(encoding="utf-8"))
+            if isinstance(cfg, dict):
+                got.config = cfg  # the newest checkpoint's config wins (checkpoints are read by step)
+                got.name = _nemo_config_name(cfg) or got.name
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            got.warnings.append(f"{rel}/config.yaml: cannot read YAML ({type(exc).__name__}); skipped")
+    return f
 
-    meta: dict[str, Any] = {
-        "checkpoints": checkpoints,
-        "layouts": sorted({c["layout"] for c in checkpoints}),
-    }
-    status = _load_json(path / NEMO_STATUS, f"{prefix}{NEMO_STATUS}", warnings)
+
+def _read_huggingface(folder: Path, *, step: int, rel: str, info: dict[str, Any], got: _Gathered) -> Path:
+    """``trainer_state.json`` of a Hugging Face ``checkpoint-N``; the file whose time is the
+    checkpoint's."""
+    f = folder / "trainer_state.json"
+    doc = _load_json(f, f"{rel}/trainer_state.json", got.warnings)
+    if isinstance(doc, dict):
+        info.update({k: doc[k] for k in TRAINER_STATE_KEYS if k in doc})
+        gs = doc.get("global_step")
+        if isinstance(gs, int) and gs != step:
+            got.warnings.append(f"{rel}/trainer_state.json: global_step {gs} differs from the "
+                                f"folder's step {step}")
+        got.name = _name_in(doc) or got.name
+        hist = doc.get("log_history")
+        if isinstance(hist, list) and (got.newest_hf is None or step >= got.newest_hf[0]):
+            got.newest_hf = (step, hist)
+    elif doc is None and not f.exists():
+        got.warnings.append(f"{rel}: no trainer_state.json (an incomplete checkpoint?)")
+    elif doc is not None:
+        got.warnings.append(f"{rel}/trainer_state.json: not a JSON object; skipped")
+    return f
+
+
+def _read_latest_markers(path: Path, *, prefix: str, meta: dict[str, Any], got: _Gathered) -> None:
+    """The files beside the checkpoints that say which one is the latest (NeMo-RL's status JSON,
+    verl's iteration file)."""
+    status = _load_json(path / NEMO_STATUS, f"{prefix}{NEMO_STATUS}", got.warnings)
     if isinstance(status, dict):
         meta["latest_status"] = _scalars(status)
         if isinstance(status.get("last_checkpoint_step"), int):
             meta["latest_checkpoint_step"] = status["last_checkpoint_step"]
-        name = _name_in(status) or name
+        got.name = _name_in(status) or got.name
     latest_txt = path / VERL_LATEST
     if latest_txt.is_file():
         text = latest_txt.read_text(encoding="utf-8", errors="replace").strip()
         if text.isdigit():
             meta["latest_checkpoint_step"] = int(text)
         else:
-            warnings.append(f"{prefix}{VERL_LATEST}: expected a step number, got {text[:40]!r}")
-    if newest_hf is not None:
-        meta["log_history_from"] = f"checkpoint-{newest_hf[0]}"
-        series = log_history_series(newest_hf[1])
-
-    return [Segment(
-        kind="checkpoints",
-        ref=ref,
-        source=source,
-        name=name or path.resolve().name,
-        config=config,
-        series=series,
-        checkpoint_steps=sorted({c["step"] for c in checkpoints}),
-        warnings=warnings,
-        meta=meta,
-    )]
+            got.warnings.append(f"{prefix}{VERL_LATEST}: expected a step number, got {text[:40]!r}")
