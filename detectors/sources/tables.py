@@ -227,8 +227,74 @@ def _wall_seconds(col: _Column, *, name: str, ref: str, warnings: list[str]) -> 
     return out
 
 
+@dataclass
+class _TableLayout:
+    """The table's columns, resolved once for all of its segments: which column holds the step,
+    the clock, the segment, the run name, the tag and the value, and the step of every row."""
+
+    step_name: str
+    has_step: np.ndarray
+    """The row has a usable step; rows without one are left out of every series."""
+    steps: np.ndarray
+    wall_name: str | None
+    walls: np.ndarray | None
+    seg_name: str | None
+    name_name: str | None
+    tag_name: str | None
+    value_name: str | None
+    metric_names: list[str]
+    """The wide layout's metric columns (numeric columns that are none of the above)."""
+    group: str
+    """The file's path without its suffix: the group, and the run id when it holds one run."""
+
+    @property
+    def long(self) -> bool:
+        return self.tag_name is not None and self.value_name is not None
+
+
 def _segments(columns: dict[str, _Column], *, nrows: int, path: Path, ref: str, source: str,
               warnings: list[str]) -> list[Segment]:
+    """One Segment per value of the segment column (one for the file without one); the file-wide
+    ``warnings`` go to the first."""
+    layout = _table_layout(columns, ref=ref, warnings=warnings)
+    if layout.seg_name is not None:
+        keys = np.array([_cell_text(x) for x in columns[layout.seg_name].raw], dtype=object)
+        codes, uniques = pd.factorize(keys)
+        parts = [(str(u), np.flatnonzero(codes == i)) for i, u in enumerate(uniques)]
+    else:
+        parts = [(None, np.arange(nrows))]
+    return [_table_segment(columns, layout, value=value, rows=rows[layout.has_step[rows]], path=path,
+                           ref=ref, source=source, warnings=list(warnings) if k == 0 else [])
+            for k, (value, rows) in enumerate(parts)]
+
+
+def _table_layout(columns: dict[str, _Column], *, ref: str, warnings: list[str]) -> _TableLayout:
+    """Find the special columns by name (the step column is required) and read the steps and clock."""
+    step_name, has_step, steps = _step_column(columns, ref=ref, warnings=warnings)
+    wall_name = _find(columns, WALL_COLUMNS)
+    walls = None
+    if wall_name is not None:
+        walls = _wall_seconds(columns[wall_name], name=wall_name, ref=ref, warnings=warnings)
+    seg_name = _find(columns, SEGMENT_COLUMNS)
+    name_name = _find(columns, NAME_COLUMNS)
+    tag_name = _find(columns, TAG_COLUMNS)
+    value_name = _find(columns, (VALUE_COLUMN,))
+    special = {n for n in (step_name, wall_name, seg_name, name_name, tag_name, value_name) if n}
+    metric_names = [n for n, c in columns.items() if n not in special and c.numeric.any()]
+    group = str(Path(ref).with_suffix("")) if Path(ref).suffix else ref
+    layout = _TableLayout(step_name, has_step, steps, wall_name, walls, seg_name, name_name, tag_name,
+                          value_name, metric_names, group)
+    if not layout.long and not metric_names:
+        warnings.append(f"{ref}: no numeric metric columns besides {step_name!r}")
+    return layout
+
+
+def _step_column(columns: dict[str, _Column], *, ref: str,
+                 warnings: list[str]) -> tuple[str, np.ndarray, np.ndarray]:
+    """The step column's name, which rows have a usable step, and the steps (0 where none).
+
+    A table without one is no metrics log: NotALog when nothing in it is numeric (a dataset met
+    during a walk), else an error naming the columns; a fractional step is an error too."""
     step_name = _find(columns, STEP_COLUMNS)
     if step_name is None:
         if not any(c.numeric.any() for c in columns.values()):
@@ -248,69 +314,46 @@ def _segments(columns: dict[str, _Column], *, nrows: int, path: Path, ref: str, 
     if not has_step.all():
         warnings.append(f"{ref}: {int((~has_step).sum())} rows without a usable step in "
                         f"{step_name!r} were skipped")
-    steps = np.where(has_step, step_col.num, 0).astype(np.int64)
+    return step_name, has_step, np.where(has_step, step_col.num, 0).astype(np.int64)
 
-    wall_name = _find(columns, WALL_COLUMNS)
-    walls = None
-    if wall_name is not None:
-        walls = _wall_seconds(columns[wall_name], name=wall_name, ref=ref, warnings=warnings)
-    seg_name = _find(columns, SEGMENT_COLUMNS)
-    name_name = _find(columns, NAME_COLUMNS)
-    tag_name = _find(columns, TAG_COLUMNS)
-    value_name = _find(columns, (VALUE_COLUMN,))
-    long = tag_name is not None and value_name is not None
 
-    if seg_name is not None:
-        keys = np.array([_cell_text(x) for x in columns[seg_name].raw], dtype=object)
-        codes, uniques = pd.factorize(keys)
-        parts = [(str(u), np.flatnonzero(codes == i)) for i, u in enumerate(uniques)]
+def _table_segment(columns: dict[str, _Column], layout: _TableLayout, *, value: str | None, rows: np.ndarray,
+                   path: Path, ref: str, source: str, warnings: list[str]) -> Segment:
+    """The Segment of the rows (with a usable step) that hold one segment value."""
+    if layout.long:
+        series = _long_series(columns[layout.tag_name], columns[layout.value_name], rows=rows,
+                              steps=layout.steps, walls=layout.walls, ref=ref, warnings=warnings)
     else:
-        parts = [(None, np.arange(nrows))]
-
-    special = {n for n in (step_name, wall_name, seg_name, name_name, tag_name, value_name) if n}
-    metric_names = [n for n, c in columns.items() if n not in special and c.numeric.any()]
-    group = str(Path(ref).with_suffix("")) if Path(ref).suffix else ref
-    layout = "long" if long else "wide"
-    if not long and not metric_names:
-        warnings.append(f"{ref}: no numeric metric columns besides {step_name!r}")
-
-    segments: list[Segment] = []
-    for k, (value, rows) in enumerate(parts):
-        rows = rows[has_step[rows]]
-        seg_warnings = list(warnings) if k == 0 else []  # file-wide warnings once
-        if long:
-            series = _long_series(columns[tag_name], columns[value_name], rows=rows, steps=steps,
-                                  walls=walls, ref=ref, warnings=seg_warnings)
-        else:
-            series = _wide_series({n: columns[n] for n in metric_names}, rows=rows, steps=steps,
-                                  walls=walls, ref=ref, warnings=seg_warnings)
-        name = None
-        if name_name is not None:
-            names = [_cell_text(x) for x in columns[name_name].raw[rows]]
-            name = next((x for x in names if x), None)
-        if value is None:
-            seg_ref, run_id, shown = ref, group, group
-        elif seg_name.lower() in ("run_id", "run"):
-            seg_ref, run_id, shown = f"{ref}[{seg_name}={value}]", value, value
-        else:  # restarts of the run the file holds
-            seg_ref, run_id, shown = f"{ref}[{seg_name}={value}]", f"{group}[{seg_name}={value}]", group
-        start = None
-        if walls is not None and len(rows):
-            w = walls[rows]
-            w = w[np.isfinite(w)]
-            start = float(w[0]) if len(w) else None
-        meta: dict[str, Any] = {"file": path.name, "layout": layout, "step_column": step_name}
-        if wall_name is not None and walls is not None:
-            meta["wall_time_column"] = wall_name
-        if seg_name is not None:
-            meta["segment_column"] = seg_name
-            meta["segment_value"] = value
-        segments.append(Segment(
-            kind="table", ref=seg_ref, source=source, run_id=run_id, name=name or shown,
-            group=group, series=series, start_time=start, store=str(path.resolve()),
-            warnings=seg_warnings, meta=meta,
-        ))
-    return segments
+        series = _wide_series({n: columns[n] for n in layout.metric_names}, rows=rows, steps=layout.steps,
+                              walls=layout.walls, ref=ref, warnings=warnings)
+    name = None
+    if layout.name_name is not None:
+        names = [_cell_text(x) for x in columns[layout.name_name].raw[rows]]
+        name = next((x for x in names if x), None)
+    seg_name, group = layout.seg_name, layout.group
+    if value is None:
+        seg_ref, run_id, shown = ref, group, group
+    elif seg_name.lower() in ("run_id", "run"):
+        seg_ref, run_id, shown = f"{ref}[{seg_name}={value}]", value, value
+    else:  # restarts of the run the file holds
+        seg_ref, run_id, shown = f"{ref}[{seg_name}={value}]", f"{group}[{seg_name}={value}]", group
+    start = None
+    if layout.walls is not None and len(rows):
+        w = layout.walls[rows]
+        w = w[np.isfinite(w)]
+        start = float(w[0]) if len(w) else None
+    meta: dict[str, Any] = {"file": path.name, "layout": "long" if layout.long else "wide",
+                            "step_column": layout.step_name}
+    if layout.wall_name is not None and layout.walls is not None:
+        meta["wall_time_column"] = layout.wall_name
+    if seg_name is not None:
+        meta["segment_column"] = seg_name
+        meta["segment_value"] = value
+    return Segment(
+        kind="table", ref=seg_ref, source=source, run_id=run_id, name=name or shown,
+        group=group, series=series, start_time=start, store=str(path.resolve()),
+        warnings=warnings, meta=meta,
+    )
 
 
 def _series(sel: np.ndarray, *, values: np.ndarray, steps: np.ndarray, walls: np.ndarray | None,
