@@ -42,9 +42,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import expit, gammaln, logsumexp
+from scipy.special import expit, logsumexp
 
-from .model import Boundary, BoundaryVerdict, Series
+from .model import Boundary, BoundaryVerdict, Series, Verdict
+from .stats import diff_noise, floored_log, t_logpdf
 
 Curve = Callable[[np.ndarray], np.ndarray]
 """A regrowth curve: the KL predicted at offsets k >= 0 steps after the reset step."""
@@ -146,23 +147,15 @@ def typical_kl(values: np.ndarray) -> float:
     return float(np.percentile(v, 90)) if len(v) else 0.0
 
 
-def t_logpdf(x: np.ndarray, dof: float, loc: np.ndarray | float, scale: float) -> np.ndarray:
-    """Student-t log density (as scipy.stats.t.logpdf, without importing scipy.stats on every CLI start)."""
-    z = (np.asarray(x) - loc) / scale
-    return (gammaln((dof + 1) / 2) - gammaln(dof / 2) - 0.5 * np.log(dof * np.pi) - np.log(scale)
-            - (dof + 1) / 2 * np.log1p(z * z / dof))
-
-
-def _log(x: np.ndarray, eps: float) -> np.ndarray:
-    return np.log(np.clip(x, 0.0, None) + eps)
+FEW_POINTS_NOISE = 0.5
+"""Log-space noise assumed when fewer than three points are there to measure it (a factor of ~1.6)."""
 
 
 def _noise(logs: np.ndarray, floor: float) -> float:
+    """The run's own step-to-step noise in log space, never under ``floor``."""
     if len(logs) < 3:
-        return max(floor, 0.5)
-    d = np.diff(logs)
-    mad = float(np.median(np.abs(d - np.median(d)))) * 1.4826 / np.sqrt(2.0)
-    return max(floor, mad)
+        return max(floor, FEW_POINTS_NOISE)
+    return max(floor, diff_noise(logs))
 
 
 def logging_cadence(*series: Series | None) -> int:
@@ -269,6 +262,270 @@ def _continuation(pre: Series, lpre: np.ndarray, steps: np.ndarray, cap: float, 
     return np.minimum(intercept + slope * x, max(cap, float(np.max(lpre[-config.slope_points:]))))
 
 
+@dataclass(frozen=True)
+class _Windows:
+    """The KL the verdict rests on: the finite points of each side, the windows compared, their levels."""
+
+    pre_all: Series
+    post_all: Series
+    pre: Series
+    post: Series
+    kl_before: float | None
+    kl_after: float | None
+    span_before: tuple[int, int] | None
+    span_after: tuple[int, int] | None
+
+
+def _windows(before: Series, after: Series, config: ReferenceResetConfig) -> _Windows:
+    pre_all = before.take(np.isfinite(before.values))
+    post_all = after.take(np.isfinite(after.values))
+    pre = pre_all.take(slice(-config.window_before, None))
+    post = post_all.take(slice(0, config.window_after))
+    return _Windows(pre_all, post_all, pre, post,
+                    float(np.median(pre.values[-config.level_points:])) if len(pre) else None,
+                    float(post.values[0]) if len(post) else None,
+                    (int(pre.steps[0]), int(pre.steps[-1])) if len(pre) else None,
+                    (int(post.steps[0]), int(post.steps[-1])) if len(post) else None)
+
+
+@dataclass(frozen=True)
+class _Opening:
+    """Where the resume lies in the run: its logging cadence L, whether the piece before is still the
+    opening (its curve is then the best regrowth template), and how many points before are enough."""
+
+    cadence: int
+    in_opening: bool
+    start: Series | None
+    need: int
+
+
+def _opening_of(w: _Windows, start: Series | None, scale: float, config: ReferenceResetConfig, *,
+                cadence: int | None, opening_max_step: int | None) -> _Opening:
+    L = int(cadence) if cadence else logging_cadence(w.pre_all, start, w.post_all)
+    first_step = int(w.pre_all.steps[0]) if len(w.pre_all) else None
+    # the piece before is an opening when it starts the run, or when it regrows from a KL of ~0 (the
+    # piece after an earlier reset of a ratchet: its own regrowth is the best template for the next)
+    regrows = len(w.pre_all) >= 3 and scale > 0 and float(w.pre_all.values[0]) <= config.zero_fraction * scale
+    in_opening = first_step is not None and (
+        first_step <= (opening_max_step if opening_max_step is not None else L) or regrows)
+    if in_opening and len(w.pre_all) >= 3 and (start is None or regrows):
+        start = w.pre_all  # the piece before is an opening: its curve is the best H1 template
+    in_opening = in_opening and start is not None
+    need = min(config.min_points_before, config.min_points_before_in_opening) if in_opening else config.min_points_before
+    return _Opening(L, in_opening, start, need)
+
+
+def _unjudgeable(w: _Windows, op: _Opening, at: str, scale: float, config: ReferenceResetConfig) -> str | None:
+    """Why this boundary cannot be judged at all (too few points, a KL that had not grown, a penalty
+    switched off), or None."""
+    if len(w.pre) < op.need:
+        return f"Only {len(w.pre)} KL point(s) before the resume {at}: too few to know its level."
+    if len(w.post) == 0:
+        return f"No KL logged after the resume {at} yet."
+    assert w.kl_before is not None
+    if scale <= 0 or w.kl_before <= 0 or w.kl_before < config.grown_fraction * scale:
+        return (f"KL before the resume {at} ({w.kl_before:.3g}) had not grown above its opening level yet; "
+                "a reset cannot be told from a continuation this early.")
+    if len(w.post) >= 3 and np.all(w.post.values == 0.0) and np.any(w.pre.values != 0.0):
+        return (f"KL is exactly 0 after the resume {at}: the KL penalty looks switched off, not reset. "
+                "Check the KL coefficient in the resumed config.")
+    return None
+
+
+@dataclass(frozen=True)
+class _Noise:
+    """The log-space picture both hypotheses share: the floor, the logs, the run's own noise, the level
+    before, and the candidate reset steps with their prior weights and per-point noise."""
+
+    eps: float
+    lpre: np.ndarray
+    lpost: np.ndarray
+    sigma0: float
+    mu0: float
+    candidates: list[int]
+    log_w: dict[int, float]
+    sigs: dict[int, np.ndarray]
+
+    @property
+    def sig(self) -> np.ndarray:
+        """The full first window's noise: the strictest reading of a drop."""
+        return self.sigs[self.candidates[0]]
+
+
+def _noise_model(w: _Windows, boundary: Boundary, reset_step: int | None, L: int, scale: float,
+                 config: ReferenceResetConfig) -> _Noise:
+    eps = config.zero_fraction * scale
+    lpre, lpost = floored_log(w.pre.values, eps), floored_log(w.post.values, eps)
+    # the noise from more points than the level: 20 step differences misjudge it by 2x too often
+    # a KL of exactly 0 (the first step after the reference was snapshotted) is structure, not noise
+    recent = w.pre_all.values[-config.noise_window:]
+    noise_logs = floored_log(recent[recent > eps], eps)
+    sigma0 = _noise(noise_logs, config.noise_floor)
+    if len(noise_logs) < config.min_points_before:
+        # two or three step differences of a growing opening measure its curvature, not its noise
+        sigma0 = config.sparse_noise
+    weights = _candidate_weights(_reset_candidates(boundary, w.pre, w.post, reset_step, config), config)
+
+    def noise_at(r: int) -> np.ndarray:
+        """Per-point noise: a window cut short by a resume at r averages fewer steps, so the first
+        point after it is noisier (by sqrt(L / steps averaged))."""
+        out = np.full(len(w.post), sigma0)
+        if L > 1:
+            out[0] *= float(np.sqrt(L / max(1, min(L, int(w.post.steps[0]) - r))))
+        return out
+
+    return _Noise(eps, lpre, lpost, sigma0, float(np.median(lpre[-config.level_points:])), list(weights),
+                  {r: float(np.log(x)) for r, x in weights.items()}, {r: noise_at(r) for r in weights})
+
+
+def _continuations(w: _Windows, n: _Noise, scale: float, config: ReferenceResetConfig) -> list[np.ndarray]:
+    """H0's growing readings in an early resume: the opening continued at its last pace, then at each
+    of ``continuation_rates`` of it."""
+    cap, floor = float(np.log(scale + n.eps)), float(np.log(2 * n.eps))
+    return [_continuation(w.pre, n.lpre, w.post.steps, cap, floor, config)] + \
+           [_continuation(w.pre, n.lpre, w.post.steps, cap, floor, config, rate=x) for x in config.continuation_rates]
+
+
+def _h0_loglik(n: _Noise, conts: list[np.ndarray], config: ReferenceResetConfig) -> float:
+    """H0, the KL continues: the level carries on; in the opening the opening may also keep growing.
+    The level and the continuations share H0's prior by halves: a growing opening's median level lags
+    where it got to, and its growth may go on at its last pace, slow down, or stop."""
+    means: list[np.ndarray | float] = [n.mu0, *conts]
+    logw = [0.0] if not conts else [float(np.log(0.5))] + [float(np.log(0.5 / len(conts)))] * len(conts)
+    terms = [(lw + n.log_w[r], t_logpdf(n.lpost, config.dof, m, n.sigs[r])) for lw, m in zip(logw, means)
+             for r in n.candidates]
+    return float(logsumexp([lw + float(np.sum(t)) for lw, t in terms]))
+
+
+def _h1_loglik(w: _Windows, n: _Noise, op: _Opening, config: ReferenceResetConfig) -> tuple[float, dict[int, np.ndarray]]:
+    """H1, a regrowth from zero at the reset step, point-sampled or window-averaged; and the ceiling,
+    the highest any template reaches at each post point.
+
+    Curves are averaged over, and so is the reset step (weighted as in H0); whether the logger samples
+    or averages is a fact of the logger, not a shape: each curve takes the better reading. In an early
+    resume, with the opening in the logs, a regrowth from zero cannot put the first point above where
+    its fastest template is at that offset (the opening at the speed cap, a ramp reaching the level):
+    the templates' broad noise stands for their unknown speed and shape, which covers a first point
+    below that ceiling but not one above it. Above it, only the run's own noise explains the excess, so
+    a KL that carries on (or rises) past the resume leans to a continuation. (Mid-run, the ceiling is
+    only the level, and a first point above it is one more outlier.)
+    """
+    assert w.kl_before is not None
+    curves = _curves(w.kl_before, op.start, op.cadence, config)
+    early_opening = op.in_opening and op.start is not None and len(op.start) >= 3
+    preds = {r: [[floored_log(obs, n.eps) for obs in _observed(g, w.post.steps, r, op.cadence)] for g in curves]
+             for r in n.candidates}
+    ceiling = {r: np.max([p for per_g in preds[r] for p in per_g], axis=0) for r in n.candidates}
+
+    def point_terms(pred: np.ndarray, r: int) -> np.ndarray:
+        terms = t_logpdf(n.lpost, config.dof, pred, np.maximum(n.sigs[r], config.min_h1_noise))
+        top, s0 = float(ceiling[r][0]), float(n.sigs[r][0])
+        if early_opening and n.lpost[0] > top:
+            terms[0] = (t_logpdf(top, config.dof, pred[0], max(s0, config.min_h1_noise))
+                        + t_logpdf(n.lpost[0], config.dof, top, s0) - t_logpdf(top, config.dof, top, s0))
+        return terms
+
+    ll1s = [float(logsumexp([n.log_w[r] + max(float(np.sum(point_terms(p, r))) for p in preds[r][i])
+                             for r in n.candidates]))
+            for i in range(len(curves))]
+    return float(logsumexp(ll1s) - np.log(len(ll1s))), ceiling
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What the points after the resume look like against what a continuation predicts there (the
+    level, or in an early resume the opening continued: a regrowth must be judged against where the
+    KL was heading, not where it was)."""
+
+    early: bool
+    low: int
+    first_low: bool
+    rising: bool
+    enough_low: bool
+    far_below: bool
+
+
+def _shape(w: _Windows, n: _Noise, conts: list[np.ndarray], L: int, scale: float,
+           config: ReferenceResetConfig) -> _Shape:
+    assert w.kl_before is not None
+    cont = conts[0] if conts else None
+    # still growing: judged over more points than the continuation uses, so a noisy plateau's last few
+    # points do not read as growth
+    trend, _ = _log_slope(w.pre, n.lpre, config.growth_points, float(np.log(2 * n.eps)))
+    early = cont is not None and (trend * (int(w.post.steps[0]) - int(w.pre.steps[-1])) > config.growing_sigmas * n.sigma0
+                                  or w.kl_before < config.early_level_fraction * scale)
+    expect = np.maximum(n.mu0, cont) if early and cont is not None else np.full(len(w.post), n.mu0)
+    lpost, sig = n.lpost, n.sig
+    is_low = lpost < expect + np.log(config.low_fraction)
+    low = int(np.sum(is_low))
+    # the first point must be low against the level before as well as against any continuation, and
+    # significantly so: a reset's first point is the deepest of its regrowth
+    first_low = bool(is_low[0] and w.post.values[0] < config.low_fraction * w.kl_before
+                     and lpost[0] < n.mu0 - config.min_drop_sigmas * sig[0])
+    # a regrowth rises from its first point: no later point falls far below it, and the next point does
+    # not jump above the level (a dropout that returns, or outliers on both sides, does)
+    rising = len(w.post) >= 2 and bool(np.all(lpost[1:] >= lpost[0] - config.rising_sigmas * sig[1:])
+                                       and lpost[1] <= expect[1] + config.regrowth_ceiling_sigmas * sig[1])
+    # with sparse logging one low point may be all a fast regrowth leaves, but then the next point must
+    # still sit below the level: one low point and straight back is a dropout, not a regrowth
+    still_below = len(w.post) >= 2 and bool(lpost[1] < expect[1] - config.regrowth_sigmas * n.sigma0)
+    enough_low = low >= config.min_low_points or (
+        L > 1 and still_below and low >= config.min_low_points - config.sparse_low_credit)
+    far_below = bool(lpost[0] < expect[0] - config.ok_max_drop_sigmas * sig[0])
+    return _Shape(early, low, first_low, rising, enough_low, far_below)
+
+
+def _indistinct(w: _Windows, n: _Noise, op: _Opening, cont: np.ndarray, config: ReferenceResetConfig) -> bool:
+    """An early resume where continuing and restarting the opening predict about the same first point."""
+    assert op.start is not None
+    s_off, s_val, _ = _opening_curve(op.start)
+    restart = [float(floored_log(obs[:1], n.eps)[0]) for r in n.candidates
+               for obs in _observed(lambda k: np.interp(k, s_off, s_val), w.post.steps[:1], r, op.cadence)]
+    return min(abs(float(cont[0]) - x) for x in restart) < config.separation_sigmas * n.sigma0
+
+
+def _reset_verdict(w: _Windows, sh: _Shape, at: str, config: ReferenceResetConfig) -> tuple[Verdict, str]:
+    """A score past the reset threshold: a reset when the points show its shape, else wait for more."""
+    assert w.kl_before is not None and w.kl_after is not None
+    if len(w.post) < config.min_points_after or not (sh.first_low and sh.rising and sh.enough_low):
+        return "inconclusive", (
+            f"KL fell from {w.kl_before:.3g} to {w.kl_after:.3g} at the resume {at}, but the next point(s) "
+            f"do not show a regrowth ({sh.low} low, first {'low' if sh.first_low else 'not low'}, "
+            f"{'rising' if sh.rising else 'not rising'}): wait for more steps before calling it a reset.")
+    ratio = w.kl_after / w.kl_before if w.kl_before else float("nan")
+    return "reference_reset", (
+        f"KL fell from {w.kl_before:.3g} to {w.kl_after:.3g} ({ratio:.1%} of its level) at the first logged step "
+        f"after the resume {at} and grows again from there: the reference policy was rebuilt from the "
+        "resumed weights. Load the reference from the base model, not the checkpoint.")
+
+
+def _low_score_verdict(w: _Windows, n: _Noise, op: _Opening, sh: _Shape, ceiling: dict[int, np.ndarray], at: str,
+                       config: ReferenceResetConfig) -> tuple[Verdict, str]:
+    """A score at or under ``ok_score``: ``ok`` needs a continuation. Judged only because they are the
+    opening, too few points before cannot rule out a reset that regrew as fast, unless the KL after the
+    resume sits above anything a regrowth from zero could reach by then."""
+    assert w.kl_before is not None and w.kl_after is not None
+    early_opening = op.in_opening and op.start is not None and len(op.start) >= 3
+    lpost, cands = n.lpost, n.candidates
+    above_regrowth = early_opening and len(w.post) >= config.min_points_after and bool(
+        lpost[0] >= max(float(ceiling[r][0]) + config.rise_sigmas * float(n.sigs[r][0]) for r in cands)
+        and np.all(lpost[1:] >= np.max([ceiling[r][1:] for r in cands], axis=0)))
+    few_before = len(w.pre) < config.min_points_before and not above_regrowth
+    if not sh.far_below and not few_before:
+        if early_opening and lpost[0] > float(ceiling[cands[0]][0]):
+            last, reach = float(w.pre.values[-1]), float(np.exp(ceiling[cands[0]][0]) - n.eps)
+            return "ok", (f"KL carries on the run's opening across the resume {at} ({last:.3g} at step "
+                          f"{int(w.pre.steps[-1])}, {w.kl_after:.3g} after): a reference rebuilt there would have "
+                          f"restarted it from zero, at most {reach:.3g} by step {int(w.post.steps[0])}.")
+        return "ok", f"KL continues at its level across the resume {at} ({w.kl_before:.3g} before, {w.kl_after:.3g} after)."
+    if few_before:
+        return "inconclusive", (
+            f"KL continues across the resume {at} ({w.kl_before:.3g} before, {w.kl_after:.3g} after), but only "
+            f"{len(w.pre)} points of the opening precede it, not enough to rule out a reset that regrew as fast.")
+    return "inconclusive", (f"KL dropped from {w.kl_before:.3g} to {w.kl_after:.3g} at the resume {at}, far below its "
+                            "noise, but the points after do not regrow like a reset: too little to call it either way.")
+
+
 def judge_boundary(
     boundary: Boundary,
     before: Series,
@@ -292,188 +549,35 @@ def judge_boundary(
     logging every L steps logs its first point at step L). A ``before`` that regrows from a KL of ~0
     (the piece after an earlier reset) counts as an opening too.
     """
-    pre_all = before.take(np.isfinite(before.values))
-    post_all = after.take(np.isfinite(after.values))
-    pre = pre_all.take(slice(-config.window_before, None))
-    post = post_all.take(slice(0, config.window_after))
-    kl_before = float(np.median(pre.values[-config.level_points:])) if len(pre) else None
-    kl_after = float(post.values[0]) if len(post) else None
-    win_b = (int(pre.steps[0]), int(pre.steps[-1])) if len(pre) else None
-    win_a = (int(post.steps[0]), int(post.steps[-1])) if len(post) else None
+    w = _windows(before, after, config)
 
-    def verdict(v: str, score: float, why: str) -> BoundaryVerdict:
-        return BoundaryVerdict(boundary, v, float(np.clip(score, 0.0, 1.0)), kl_before, kl_after, why, win_b, win_a)  # type: ignore[arg-type]
+    def verdict(v: Verdict, score: float, why: str) -> BoundaryVerdict:
+        return BoundaryVerdict(boundary, v, float(np.clip(score, 0.0, 1.0)), w.kl_before, w.kl_after, why,
+                               w.span_before, w.span_after)
 
-    L = int(cadence) if cadence else logging_cadence(pre_all, start, post_all)
-    first_step = int(pre_all.steps[0]) if len(pre_all) else None
-    # the piece before is an opening when it starts the run, or when it regrows from a KL of ~0 (the
-    # piece after an earlier reset of a ratchet: its own regrowth is the best template for the next)
-    regrows = len(pre_all) >= 3 and scale > 0 and float(pre_all.values[0]) <= config.zero_fraction * scale
-    in_opening = first_step is not None and (
-        first_step <= (opening_max_step if opening_max_step is not None else L) or regrows)
-    if in_opening and len(pre_all) >= 3 and (start is None or regrows):
-        start = pre_all  # the piece before is an opening: its curve is the best H1 template
-    in_opening = in_opening and start is not None
-    need = min(config.min_points_before, config.min_points_before_in_opening) if in_opening else config.min_points_before
-
+    op = _opening_of(w, start, scale, config, cadence=cadence, opening_max_step=opening_max_step)
     at = f"at step {boundary.step}"
-    if len(pre) < need:
-        return verdict("inconclusive", 0.5, f"Only {len(pre)} KL point(s) before the resume {at}: too few to know its level.")
-    if len(post) == 0:
-        return verdict("inconclusive", 0.5, f"No KL logged after the resume {at} yet.")
-    assert kl_before is not None and kl_after is not None
-    if scale <= 0 or kl_before <= 0 or kl_before < config.grown_fraction * scale:
-        return verdict("inconclusive", 0.5,
-                       f"KL before the resume {at} ({kl_before:.3g}) had not grown above its opening level yet; "
-                       "a reset cannot be told from a continuation this early.")
-    if len(post) >= 3 and np.all(post.values == 0.0) and np.any(pre.values != 0.0):
-        return verdict("inconclusive", 0.5,
-                       f"KL is exactly 0 after the resume {at}: the KL penalty looks switched off, not reset. "
-                       "Check the KL coefficient in the resumed config.")
-
-    eps = config.zero_fraction * scale
-    lpre, lpost = _log(pre.values, eps), _log(post.values, eps)
-    # the noise from more points than the level: 20 step differences misjudge it by 2x too often
-    # a KL of exactly 0 (the first step after the reference was snapshotted) is structure, not noise
-    recent = pre_all.values[-config.noise_window:]
-    noise_logs = _log(recent[recent > eps], eps)
-    sigma0 = _noise(noise_logs, config.noise_floor)
-    if len(noise_logs) < config.min_points_before:
-        # two or three step differences of a growing opening measure its curvature, not its noise
-        sigma0 = config.sparse_noise
-
-    mu0 = float(np.median(lpre[-config.level_points:]))
-    weights = _candidate_weights(_reset_candidates(boundary, pre, post, reset_step, config), config)
-    candidates = list(weights)
-
-    def noise_at(r: int) -> np.ndarray:
-        """Per-point noise: a window cut short by a resume at r averages fewer steps, so the first
-        point after it is noisier (by sqrt(L / steps averaged))."""
-        out = np.full(len(post), sigma0)
-        if L > 1:
-            out[0] *= float(np.sqrt(L / max(1, min(L, int(post.steps[0]) - r))))
-        return out
-
-    sigs = {r: noise_at(r) for r in candidates}
-    log_w = {r: float(np.log(w)) for r, w in weights.items()}
-    sig = sigs[candidates[0]]  # the full first window: the strictest reading of a drop
-
-    # H0: the level continues; inside the opening, the opening may also keep growing.
-    # The level and the opening's continuations share H0's prior by halves: a growing opening's median
-    # level lags where it got to, and its growth may go on at its last pace, slow down, or stop.
-    h0_means: list[np.ndarray | float] = [mu0]
-    h0_logw = [0.0]
-    cont = None
-    if in_opening:
-        cap, floor = float(np.log(scale + eps)), float(np.log(2 * eps))
-        cont = _continuation(pre, lpre, post.steps, cap, floor, config)
-        rates = config.continuation_rates
-        h0_means += [cont] + [_continuation(pre, lpre, post.steps, cap, floor, config, rate=x) for x in rates]
-        h0_logw = [float(np.log(0.5))] + [float(np.log(0.5 / (1 + len(rates))))] * (1 + len(rates))
-    h0_terms = [(w + log_w[r], t_logpdf(lpost, config.dof, m, sigs[r])) for w, m in zip(h0_logw, h0_means)
-                for r in candidates]
-
-    # H1: a regrowth from zero at the reset step, point-sampled or window-averaged.
-    # curves are averaged over, and so is the reset step (weighted as in H0); whether the logger
-    # samples or averages is a fact of the logger, not a shape: each curve takes the better reading
-    # In an early resume, with the opening in the logs, a regrowth from zero cannot put the first point
-    # above where its fastest template is at that offset (the opening at the speed cap, a ramp reaching
-    # the level): the templates' broad noise stands for their unknown speed and shape, which covers a
-    # first point below that ceiling but not one above it. Above it, only the run's own noise explains
-    # the excess, so a KL that carries on (or rises) past the resume leans to a continuation. (Mid-run,
-    # the ceiling is only the level, and a first point above it is one more outlier.)
-    curves = _curves(kl_before, start, L, config)
-    early_opening = in_opening and start is not None and len(start) >= 3
-    preds = {r: [[_log(obs, eps) for obs in _observed(g, post.steps, r, L)] for g in curves] for r in candidates}
-    ceiling = {r: np.max([p for per_g in preds[r] for p in per_g], axis=0) for r in candidates}
-
-    def h1_point_terms(pred: np.ndarray, r: int) -> np.ndarray:
-        terms = t_logpdf(lpost, config.dof, pred, np.maximum(sigs[r], config.min_h1_noise))
-        top = float(ceiling[r][0])
-        if early_opening and lpost[0] > top:
-            terms[0] = (t_logpdf(top, config.dof, pred[0], max(float(sigs[r][0]), config.min_h1_noise))
-                        + t_logpdf(lpost[0], config.dof, top, float(sigs[r][0]))
-                        - t_logpdf(top, config.dof, top, float(sigs[r][0])))
-        return terms
-
-    ll0 = float(logsumexp([w + float(np.sum(t)) for w, t in h0_terms]))
-    ll1s = [float(logsumexp([log_w[r] + max(float(np.sum(h1_point_terms(p, r))) for p in preds[r][i])
-                             for r in candidates]))
-            for i in range(len(curves))]
-    ll1 = float(logsumexp(ll1s) - np.log(len(ll1s)))
+    why = _unjudgeable(w, op, at, scale, config)
+    if why is not None:
+        return verdict("inconclusive", 0.5, why)
+    n = _noise_model(w, boundary, reset_step, op.cadence, scale, config)
+    conts = _continuations(w, n, scale, config) if op.in_opening else []
+    ll1, ceiling = _h1_loglik(w, n, op, config)
     prior_logit = float(np.log(config.prior / (1.0 - config.prior)))
-    score = float(expit(ll1 - ll0 + prior_logit))
-
-    # what a continuation predicts at each post point: the level, or in an early resume the opening
-    # continued (a regrowth must be judged against where the KL was heading, not where it was)
-    # still growing: judged over more points than the continuation uses, so a noisy plateau's
-    # last few points do not read as growth
-    trend, _ = _log_slope(pre, lpre, config.growth_points, float(np.log(2 * eps)))
-    early = cont is not None and (trend * (int(post.steps[0]) - int(pre.steps[-1])) > config.growing_sigmas * sigma0
-                                  or kl_before < config.early_level_fraction * scale)
-    expect = np.maximum(mu0, cont) if early and cont is not None else np.full(len(post), mu0)
-    is_low = lpost < expect + np.log(config.low_fraction)
-    low = int(np.sum(is_low))
-    ratio = kl_after / kl_before if kl_before else float("nan")
-    # the first point must be low against the level before as well as against any continuation, and
-    # significantly so: a reset's first point is the deepest of its regrowth
-    first_low = bool(is_low[0] and post.values[0] < config.low_fraction * kl_before
-                     and lpost[0] < mu0 - config.min_drop_sigmas * sig[0])
-    # a regrowth rises from its first point: no later point falls far below it, and the next point
-    # does not jump above the level (a dropout that returns, or outliers on both sides, does)
-    rising = len(post) >= 2 and bool(np.all(lpost[1:] >= lpost[0] - config.rising_sigmas * sig[1:])
-                                     and lpost[1] <= expect[1] + config.regrowth_ceiling_sigmas * sig[1])
-    # with sparse logging one low point may be all a fast regrowth leaves, but then the next point
-    # must still sit below the level: one low point and straight back is a dropout, not a regrowth
-    still_below = len(post) >= 2 and bool(lpost[1] < expect[1] - config.regrowth_sigmas * sigma0)
-    enough_low = low >= config.min_low_points or (
-        L > 1 and still_below and low >= config.min_low_points - config.sparse_low_credit)
-    far_below = bool(lpost[0] < expect[0] - config.ok_max_drop_sigmas * sig[0])
-
-    if early and cont is not None and start is not None:
-        # an early resume: continuing and restarting the opening must predict different first points
-        s_off, s_val, _ = _opening_curve(start)
-        restart = [float(_log(obs[:1], eps)[0]) for r in candidates
-                   for obs in _observed(lambda k: np.interp(k, s_off, s_val), post.steps[:1], r, L)]
-        gap = min(abs(float(cont[0]) - x) for x in restart)
-        if gap < config.separation_sigmas * sigma0:
-            return verdict("inconclusive", score,
-                           f"The resume {at} falls in the run's opening, where the KL is still growing: continuing "
-                           f"the opening and restarting it predict about the same first point ({kl_after:.3g}), so a "
-                           "reset cannot be told from a continuation this early.")
+    score = float(expit(ll1 - _h0_loglik(n, conts, config) + prior_logit))
+    sh = _shape(w, n, conts, op.cadence, scale, config)
+    if sh.early and conts and op.start is not None and _indistinct(w, n, op, conts[0], config):
+        return verdict("inconclusive", score,
+                       f"The resume {at} falls in the run's opening, where the KL is still growing: continuing "
+                       f"the opening and restarting it predict about the same first point ({w.kl_after:.3g}), so a "
+                       "reset cannot be told from a continuation this early.")
     if score >= config.reset_score:
-        if len(post) < config.min_points_after or not (first_low and rising and enough_low):
-            return verdict("inconclusive", score,
-                           f"KL fell from {kl_before:.3g} to {kl_after:.3g} at the resume {at}, but the next point(s) "
-                           f"do not show a regrowth ({low} low, first {'low' if first_low else 'not low'}, "
-                           f"{'rising' if rising else 'not rising'}): wait for more steps before calling it a reset.")
-        return verdict("reference_reset", score,
-                       f"KL fell from {kl_before:.3g} to {kl_after:.3g} ({ratio:.1%} of its level) at the first logged step "
-                       f"after the resume {at} and grows again from there: the reference policy was rebuilt from the "
-                       "resumed weights. Load the reference from the base model, not the checkpoint.")
-    # judged only because they are the opening: too few points to rule out a reset that regrew as fast,
-    # unless the KL after the resume sits above anything a regrowth from zero could reach by then
-    above_regrowth = early_opening and len(post) >= config.min_points_after and bool(
-        lpost[0] >= max(float(ceiling[r][0]) + config.rise_sigmas * float(sigs[r][0]) for r in candidates)
-        and np.all(lpost[1:] >= np.max([ceiling[r][1:] for r in candidates], axis=0)))
-    few_before = len(pre) < config.min_points_before and not above_regrowth
-    if score <= config.ok_score and not far_below and not few_before:
-        if early_opening and lpost[0] > float(ceiling[candidates[0]][0]):
-            last, reach = float(pre.values[-1]), float(np.exp(ceiling[candidates[0]][0]) - eps)
-            return verdict("ok", score,
-                           f"KL carries on the run's opening across the resume {at} ({last:.3g} at step "
-                           f"{int(pre.steps[-1])}, {kl_after:.3g} after): a reference rebuilt there would have "
-                           f"restarted it from zero, at most {reach:.3g} by step {int(post.steps[0])}.")
-        return verdict("ok", score,
-                       f"KL continues at its level across the resume {at} ({kl_before:.3g} before, {kl_after:.3g} after).")
-    if score <= config.ok_score and few_before:
-        return verdict("inconclusive", score,
-                       f"KL continues across the resume {at} ({kl_before:.3g} before, {kl_after:.3g} after), but only "
-                       f"{len(pre)} points of the opening precede it, not enough to rule out a reset that regrew as fast.")
+        v, why = _reset_verdict(w, sh, at, config)
+        return verdict(v, score, why)
     if score <= config.ok_score:
-        return verdict("inconclusive", score,
-                       f"KL dropped from {kl_before:.3g} to {kl_after:.3g} at the resume {at}, far below its noise, "
-                       "but the points after do not regrow like a reset: too little to call it either way.")
+        v, why = _low_score_verdict(w, n, op, sh, ceiling, at, config)
+        return verdict(v, score, why)
+    assert w.kl_before is not None and w.kl_after is not None
     return verdict("inconclusive", score,
-                   f"KL moved from {kl_before:.3g} to {kl_after:.3g} at the resume {at}; neither a continuation "
+                   f"KL moved from {w.kl_before:.3g} to {w.kl_after:.3g} at the resume {at}; neither a continuation "
                    "nor a reset explains it clearly.")

@@ -180,7 +180,7 @@ def test_scores_stay_in_unit_interval_and_threshold_orders_verdicts(threshold):
 def test_student_t_density_matches_scipy():
     from scipy import stats
 
-    from klwatch.reference_reset import t_logpdf
+    from klwatch.stats import t_logpdf
 
     x = np.linspace(-20, 20, 41)
     assert np.allclose(t_logpdf(x, 3.0, 1.5, 0.7), stats.t.logpdf(x, 3.0, loc=1.5, scale=0.7))
