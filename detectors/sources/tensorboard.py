@@ -209,10 +209,37 @@ def _frame(data: bytes, *, ref: str, warnings: list[str]) -> tuple[np.ndarray, n
     - a first record that fails its CRC is an error (not a TFRecord event file?).
     """
     n = len(data)
+    heads, pos = _record_heads(data)
+    buf = np.frombuffer(data, dtype=np.uint8)
+    h = np.asarray(heads, dtype=np.int64)
+    lengths = np.ascontiguousarray(_le(buf, h, 8)).view("<u8")[:, 0].astype(np.int64)
+    whole, problem = _check_length_headers(buf, heads=heads, h=h, lengths=lengths, n=n)
+    dstart = h[:whole] + 12
+    dlen = lengths[:whole]
+    stored = np.ascontiguousarray(_le(buf, dstart + dlen, 4)).view("<u4")[:, 0]
+    computed = _mask(_crc32c_ranges(data, buf, start=dstart, length=dlen))
+    bad = np.flatnonzero(computed != stored)
+    if len(bad):
+        whole = int(bad[0])
+        problem = (f"CRC mismatch in the data of record {whole} at byte {heads[whole]} "
+                   f"({int(dlen[whole])} bytes)")
+    if problem is None:  # every record whole and good, except perhaps a cut-off last one
+        _warn_cut_off_end(heads=heads, lengths=lengths, whole=whole, end=pos, n=n, ref=ref, warnings=warnings)
+        return dstart, dlen
+    _judge_damaged_tail(data, buf, tail=heads[whole], whole=whole, problem=problem, ref=ref, warnings=warnings)
+    return dstart[:whole], dlen[:whole]
+
+
+def _record_heads(data: bytes) -> tuple[list[int], int]:
+    """Where each record header starts, following the lengths, and where that walk ended.
+
+    The only sequential part of reading a file (each length says where the next record is), so
+    it does nothing else; the CRCs are checked afterwards, in bulk."""
+    n = len(data)
     unpack = _LENGTH.unpack_from
     heads: list[int] = []
     pos = 0
-    while pos + 12 <= n:  # the only sequential part: each length says where the next record is
+    while pos + 12 <= n:
         heads.append(pos)
         length = unpack(data, pos)[0]
         if not length and not any(data[pos + 8:pos + 12]):  # no record has an all-zero header: a zero tail
@@ -220,9 +247,13 @@ def _frame(data: bytes, *, ref: str, warnings: list[str]) -> tuple[np.ndarray, n
         pos += length + 16
     if not heads:
         raise ReadError(f"no whole record in the event file: {n} bytes, shorter than a record header")
-    buf = np.frombuffer(data, dtype=np.uint8)
-    h = np.asarray(heads, dtype=np.int64)
-    lengths = np.ascontiguousarray(_le(buf, h, 8)).view("<u8")[:, 0].astype(np.int64)
+    return heads, pos
+
+
+def _check_length_headers(buf: np.ndarray, *, heads: list[int], h: np.ndarray, lengths: np.ndarray,
+                          n: int) -> tuple[int, str | None]:
+    """How many records lie before the first bad length-header CRC (or the first record that runs
+    past the end of the file), and the problem found, if any."""
     stored = np.ascontiguousarray(_le(buf, h + 8, 4)).view("<u4")[:, 0]
     computed = _mask(_crc32c_rows(_le(buf, h, 8)))
     bad = np.flatnonzero(computed != stored)
@@ -232,28 +263,29 @@ def _frame(data: bytes, *, ref: str, warnings: list[str]) -> tuple[np.ndarray, n
     whole = first_bad
     if whole and heads[whole - 1] + int(lengths[whole - 1]) + 16 > n:
         whole -= 1  # the last header is whole but its record runs past the end of the file
-    dstart = h[:whole] + 12
-    dlen = lengths[:whole]
-    dend = dstart + dlen
-    stored = np.ascontiguousarray(_le(buf, dend, 4)).view("<u4")[:, 0]
-    computed = _mask(_crc32c_ranges(data, buf, start=dstart, length=dlen))
-    bad = np.flatnonzero(computed != stored)
-    if len(bad):
-        whole = int(bad[0])
-        problem = (f"CRC mismatch in the data of record {whole} at byte {heads[whole]} "
-                   f"({int(dlen[whole])} bytes)")
-    if problem is None:  # every record whole and good, except perhaps a cut-off last one
-        if whole < len(heads):
-            warnings.append(f"{ref}: truncated event file: the last record (at byte {heads[-1]}, "
-                            f"{int(lengths[-1]) + 16} bytes) is cut off after {n - heads[-1]} bytes "
-                            f"(crash mid-write?); kept {whole} whole records")
-        elif pos < n:
-            warnings.append(f"{ref}: truncated event file: {n - pos} stray bytes after the last whole "
-                            f"record (crash mid-write?); kept {whole} whole records")
-        if whole == 0:
-            raise ReadError(f"no whole record in the event file ({n} bytes; truncated)")
-        return dstart, dlen
-    tail = heads[whole]
+    return whole, problem
+
+
+def _warn_cut_off_end(*, heads: list[int], lengths: np.ndarray, whole: int, end: int, n: int, ref: str,
+                      warnings: list[str]) -> None:
+    """Every record is good but the file may end in a cut-off one or in stray bytes: say so (an
+    error when not one record is whole)."""
+    if whole < len(heads):
+        warnings.append(f"{ref}: truncated event file: the last record (at byte {heads[-1]}, "
+                        f"{int(lengths[-1]) + 16} bytes) is cut off after {n - heads[-1]} bytes "
+                        f"(crash mid-write?); kept {whole} whole records")
+    elif end < n:
+        warnings.append(f"{ref}: truncated event file: {n - end} stray bytes after the last whole "
+                        f"record (crash mid-write?); kept {whole} whole records")
+    if whole == 0:
+        raise ReadError(f"no whole record in the event file ({n} bytes; truncated)")
+
+
+def _judge_damaged_tail(data: bytes, buf: np.ndarray, *, tail: int, whole: int, problem: str, ref: str,
+                        warnings: list[str]) -> None:
+    """A bad record at byte ``tail``: a cut-off tail (zeros, or no whole record after it) keeps the
+    ``whole`` records before it with a warning; damage with good records after it is an error."""
+    n = len(data)
     if whole == 0:
         raise ReadError(f"corrupt event file: {problem}" + (" (not a TFRecord event file?)"
                                                             if "length header" in problem else ""))
@@ -267,7 +299,6 @@ def _frame(data: bytes, *, ref: str, warnings: list[str]) -> tuple[np.ndarray, n
                             "so the damage is inside the file, not a cut-off tail")
         warnings.append(f"{ref}: truncated event file: {problem} and no whole record after it "
                         f"(crash mid-write?); kept {whole} whole records, dropped the last {n - tail} bytes")
-    return dstart[:whole], dlen[:whole]
 
 
 def _next_good_record(data: bytes, buf: np.ndarray, *, start: int, chunk: int = 1 << 20) -> int | None:
@@ -394,6 +425,7 @@ def _fast_scalars(buf: np.ndarray, *, dstart: np.ndarray, dlen: np.ndarray) -> _
                                                           a DT_FLOAT scalar tensor (TF2, summary.Writer)
 
     Everything else (file_version, text, hparams, other dtypes, several values) goes to protobuf.
+    Each stage below reads one part of that layout for every candidate record at once.
     """
     out = _Fast(len(dstart))
     end = dstart + dlen
@@ -402,18 +434,44 @@ def _fast_scalars(buf: np.ndarray, *, dstart: np.ndarray, dlen: np.ndarray) -> _
         return out
     st, end = dstart[idx], end[idx]
     walls = _le(buf, st + 1, 8).view("<f8")[:, 0]
-    p = st + 9
+    steps, p, ok = _fast_steps(buf, st + 9)
+    tag_start, tag_end, framed = _fast_tags(buf, p, end)
+    is_value, values, tensor, md_start = _fast_values(buf, tag_end, end)
+    ok &= framed & is_value
+
+    out.matched[idx[ok]] = True
+    out.index = idx[ok]
+    out.steps = steps[ok]
+    out.values = values[ok]
+    out.walls = walls[ok]
+    out.tag_start = tag_start[ok]
+    out.tag_end = tag_end[ok]
+    out.tensor = tensor[ok]
+    out.md_start = md_start[ok]
+    out.md_end = end[ok]
+    return out
+
+
+def _fast_steps(buf: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The optional ``Event.step`` varint at each ``p``: (step, 0 when absent; where the summary
+    field must start; the varint is well formed)."""
     has_step = _byte(buf, p) == 0x10
     raw = _le(buf, p + 1, 10)
     term = raw < 0x80  # the last byte of a varint has its high bit clear
     vlen = term.argmax(axis=1) + 1
     ok = ~has_step | (term.any(axis=1) & ((vlen < 10) | (raw[:, 9] <= 1)))
-    steps = np.zeros(len(idx), dtype=np.uint64)
+    steps = np.zeros(len(p), dtype=np.uint64)
     for i in range(int(vlen[has_step].max()) if has_step.any() else 0):  # few bytes: small steps
         part = (raw[:, i] & 0x7F).astype(np.uint64) << np.uint64(7 * i)
         steps |= np.where(i < vlen, part, np.uint64(0))
     steps = np.where(has_step, steps.view(np.int64), 0)
-    p = np.where(has_step, p + 1 + vlen, p)
+    return steps, np.where(has_step, p + 1 + vlen, p), ok
+
+
+def _fast_tags(buf: np.ndarray, p: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``Event.summary`` holding one ``Summary.value`` (each running to the record's ``end``) and
+    that value's non-empty tag: (tag start, tag end, the framing matches)."""
+    ok = np.ones(len(p), dtype=bool)
     for field in (0x2A, 0x0A):  # Event.summary, then Summary.value: each must run to the end
         ok &= _byte(buf, p) == field
         length, used, good = _varint2(buf, p + 1)
@@ -422,9 +480,15 @@ def _fast_scalars(buf: np.ndarray, *, dstart: np.ndarray, dlen: np.ndarray) -> _
     ok &= _byte(buf, p) == 0x0A  # Value.tag
     tag_len, used, good = _varint2(buf, p + 1)
     tag_start = p + 1 + used
-    s = tag_start + tag_len
     ok &= good & (tag_len > 0)
+    return tag_start, tag_start + tag_len, ok
 
+
+def _fast_values(buf: np.ndarray, s: np.ndarray, end: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The value after the tag (at ``s``), up to the record's ``end``: (a scalar layout matches, its
+    number, it is a v2 float tensor rather than a ``simple_value``, where the tensor's
+    SummaryMetadata starts, ``end`` when it has none)."""
     simple = (_byte(buf, s) == 0x15) & (s + 5 == end)
     head = _le(buf, s, 8)
     tensor = ((head[:, :6] == _FLOAT_TENSOR_HEAD).all(axis=1)
@@ -433,22 +497,10 @@ def _fast_scalars(buf: np.ndarray, *, dstart: np.ndarray, dlen: np.ndarray) -> _
     md_len, used, good = _varint2(buf, u + 1)
     with_md = (_byte(buf, u) == 0x4A) & good & (u + 1 + used + md_len == end)
     tensor &= (u == end) | with_md
-    ok &= simple | tensor
     value_at = np.where(simple, s + 1, s + 8)
     values = _le(buf, value_at, 4).view("<f4")[:, 0].astype(np.float64)
-
-    out.matched[idx[ok]] = True
-    out.index = idx[ok]
-    out.steps = steps[ok]
-    out.values = values[ok]
-    out.walls = walls[ok]
-    out.tag_start = tag_start[ok]
-    out.tag_end = s[ok]
-    out.tensor = (tensor & ~simple)[ok]
     md = with_md & tensor & ~simple
-    out.md_start = np.where(md, u + 1 + used, end)[ok]
-    out.md_end = end[ok]
-    return out
+    return simple | tensor, values, tensor & ~simple, np.where(md, u + 1 + used, end)
 
 
 class _State:
