@@ -2,10 +2,8 @@
 
 Three parts, each for one reason:
 
-- ``LocalReadCache`` reads a local SOURCE with ``klwatch.sources.local.read_local`` itself, but
-  re-reads only the files (or run folders, stores) whose size or mtime changed since the last poll
-  and reuses the Segments of the rest. Remote sources (``wandb://``, ``mlflow://``) are read in full
-  at every poll: their readers fetch whole histories and expose no "since step N" query.
+- ``klwatch.read_cache.LocalReadCache`` reads each SOURCE, re-reading only what changed on disk
+  since the last poll.
 - ``AlertState`` is the watcher's memory, a SQLite file. An alert is recorded (one row, unique on
   lineage id + boundary step + verdict) together with one pending delivery per sink, in one
   transaction, *before* anything is sent; a delivery is marked done in its own transaction after the
@@ -24,9 +22,7 @@ the next poll; only ``reference_reset`` verdicts are alerted.
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
-import os
 import signal
 import sqlite3
 import sys
@@ -41,117 +37,12 @@ from rich.markup import escape
 
 from .alerts import Alert, alert_from_verdict, alert_line, backoff_delay, post_webhook, redact_url, scrub, slack_payload
 from .cli_common import ScanOptions, SourcesArg, err, with_scan_options
-from .model import ScanResult, Segment, SourceRead
+from .model import ScanResult
 from .pipeline import ScanConfig, scan
+from .read_cache import LocalReadCache, ReadStats
 from .report import EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
-from .sources import read_source
-from .sources.local import CHECKPOINT_DIR, Unit, UnitRead, read_local, read_unit
 
 DEFAULT_STATE = ".klwatch-state.db"
-
-# ----------------------------------------------------------------------------- incremental reads
-
-@dataclass
-class ReadStats:
-    """What the last poll of one source cost: units read from disk vs reused from the cache."""
-
-    read: int = 0
-    reused: int = 0
-    full: bool = False
-    """True when the source was read in full (remote, or a local source the cache cannot split)."""
-
-
-def _stat(p: Path) -> tuple[int, int]:
-    try:
-        st = p.stat()
-        return st.st_size, st.st_mtime_ns
-    except OSError:
-        return -1, -1
-
-
-def _fingerprint(unit: Unit) -> tuple[Any, ...]:
-    """Changes whenever what the unit's reader would read changes (size or mtime of its files)."""
-    path = unit.path
-    if unit.kind == "mlflow" and path.is_file():  # a SQLite store: a live writer may hold recent rows in the WAL
-        return _stat(path) + _stat(path.with_name(path.name + "-wal"))
-    if unit.kind in ("tensorboard", "table"):
-        return _stat(path)
-    if unit.kind == "checkpoints":  # the checkpoint folders and their top-level files, never the weights
-        out: list[Any] = [_stat(path)]
-        with contextlib.suppress(OSError):
-            for d in sorted(path.iterdir()):
-                if d.is_dir() and CHECKPOINT_DIR.match(d.name):
-                    out.append((d.name, _stat(d)))
-                    with contextlib.suppress(OSError):
-                        out.extend((d.name, f.name, _stat(f)) for f in sorted(d.iterdir()) if f.is_file())
-        return tuple(out)
-    out = []
-    for dirpath, _, filenames in os.walk(path):  # wandb run folders, mlruns trees
-        for f in sorted(filenames):
-            p = Path(dirpath) / f
-            out.append((str(p.relative_to(path)), _stat(p)))
-    return tuple(sorted(out))
-
-
-def _copy_segment(seg: Segment) -> Segment:
-    """A copy the pipeline may annotate without touching the cached one (series arrays are shared)."""
-    out = copy.copy(seg)
-    out.series = dict(seg.series)
-    out.config = dict(seg.config)
-    out.tags = dict(seg.tags)
-    out.meta = dict(seg.meta)
-    out.warnings = list(seg.warnings)
-    out.checkpoint_steps = list(seg.checkpoint_steps)
-    return out
-
-
-class LocalReadCache:
-    """Reads SOURCEs for the watcher, re-reading only what changed on disk since the last poll."""
-
-    def __init__(self) -> None:
-        self._units: dict[tuple[str, str, str], tuple[tuple[Any, ...], UnitRead]] = {}
-        self.stats: dict[str, ReadStats] = {}
-
-    def read(self, spec: str) -> SourceRead:
-        """Read one SOURCE (``#PATTERN`` already removed)."""
-        if spec.startswith(("wandb://", "mlflow://", "mlflow+http://", "mlflow+https://")):
-            self.stats[spec] = ReadStats(full=True)
-            return read_source(spec)
-        try:
-            return self._read_local(spec)
-        except ImportError:  # a reader this build lacks: let the ordinary path say so
-            self.stats[spec] = ReadStats(full=True)
-            return read_source(spec)
-
-    def _read_local(self, spec: str) -> SourceRead:
-        """``read_local`` itself, with each unit whose fingerprint is unchanged served from the cache."""
-        stats = self.stats[spec] = ReadStats()
-        live: set[tuple[str, str, str]] = set()
-
-        def cached_read_unit(unit: Unit, *, root: Path, spec: str) -> UnitRead:
-            key = (spec, unit.kind, str(unit.path))
-            live.add(key)
-            fp = _fingerprint(unit)
-            cached = self._units.get(key)
-            if cached is not None and cached[0] == fp:
-                got = cached[1]
-                stats.reused += 1
-            else:
-                got = read_unit(unit, root=root, spec=spec)
-                self._units[key] = (fp, got)
-                stats.read += 1
-            return UnitRead([_copy_segment(s) for s in got.segments], list(got.warnings), skipped=got.skipped)
-
-        out = read_local(spec, read_unit=cached_read_unit)
-        for key in [k for k in self._units if k[0] == spec and k not in live]:
-            del self._units[key]  # a file that went away is forgotten, not reported from the cache
-        return out
-
-
-def judge_sources(specs: list[str], *, config: ScanConfig, cache: LocalReadCache) -> ScanResult:
-    """``pipeline.scan`` with reads through the cache: the same stitching, the same verdicts."""
-    return scan(specs, config=config, read=cache.read)
-
 
 # --------------------------------------------------------------------------------------- state
 
@@ -362,7 +253,7 @@ def watch_pass(specs: list[str], *, config: ScanConfig, cache: LocalReadCache, s
                dashboard_url: str | None, out: TextIO, delivery: DeliveryConfig = DeliveryConfig(),
                respect_backoff: bool = True) -> PassReport:
     """One poll: read what changed, judge every boundary, record new resets, deliver what is due."""
-    result = judge_sources(specs, config=config, cache=cache)
+    result = scan(specs, config=config, read=cache.read)  # the same stitching and verdicts as a scan
     report = PassReport(result=result, read_stats=dict(cache.stats))
     now = time.time()
     for r in result.results:

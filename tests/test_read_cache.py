@@ -1,0 +1,59 @@
+"""The watcher's read cache (``klwatch.read_cache``): a poll sees a tree exactly as ``read_local``
+does, re-reading only the files that changed since the last poll."""
+
+from __future__ import annotations
+
+from klwatch.pipeline import ScanConfig, scan
+from klwatch.read_cache import LocalReadCache
+from klwatch.sources.local import read_local
+from tb_runs import write_run
+
+
+def _shape(read):
+    return sorted((s.kind, s.ref, s.error, tuple(sorted((n, tuple(v.steps), tuple(v.values)) for n, v in s.series.items())))
+                  for s in read.segments), read.kinds, [e.message for e in read.errors], read.warnings
+
+
+def test_cached_read_equals_read_local_and_rereads_only_changed_files(tmp_path):
+    write_run(tmp_path / "a", resumes=[30], buggy=True)
+    write_run(tmp_path / "b", resumes=[], buggy=False, seed=1)
+    (tmp_path / "c.csv").write_text("step,kl\n1,0.01\n2,0.02\n3,0.03\n")
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "2+2?", "answer": "4"}\n')  # a dataset: skipped, warned
+    cache = LocalReadCache()
+    first = cache.read(str(tmp_path))
+    assert _shape(first) == _shape(read_local(str(tmp_path)))
+    assert first.warnings and "prompts.jsonl: skipped" in first.warnings[0]
+    assert cache.stats[str(tmp_path)].read == 5 and cache.stats[str(tmp_path)].reused == 0
+
+    again = cache.read(str(tmp_path))
+    assert cache.stats[str(tmp_path)].read == 0 and cache.stats[str(tmp_path)].reused == 5
+    assert _shape(again) == _shape(read_local(str(tmp_path)))
+
+    write_run(tmp_path / "b", resumes=[], buggy=False, seed=2, start_wall=1_800_000_000.0)  # a new event file
+    with open(tmp_path / "c.csv", "a") as fh:  # a table that grew
+        fh.write("4,0.04\n")
+    grown = cache.read(str(tmp_path))
+    assert cache.stats[str(tmp_path)].read == 2 and cache.stats[str(tmp_path)].reused == 4
+    assert _shape(grown) == _shape(read_local(str(tmp_path)))
+
+    for p in (tmp_path / "a").iterdir():
+        p.unlink()
+    (tmp_path / "a").rmdir()
+    assert _shape(cache.read(str(tmp_path))) == _shape(read_local(str(tmp_path)))
+
+
+def test_a_cached_segment_is_not_changed_by_the_pipeline(tmp_path):
+    write_run(tmp_path / "a", resumes=[30], buggy=True)
+    cache = LocalReadCache()
+    first = scan([str(tmp_path)], config=ScanConfig(), read=cache.read)
+    second = scan([str(tmp_path)], config=ScanConfig(), read=cache.read)
+    assert [(v.boundary.step, v.verdict) for r in first.results for v in r.verdicts] == \
+           [(v.boundary.step, v.verdict) for r in second.results for v in r.verdicts] == [(31, "reference_reset")]
+
+
+def test_a_missing_source_is_reported_as_read_local_reports_it(tmp_path):
+    cache = LocalReadCache()
+    got = cache.read(str(tmp_path / "missing"))
+    assert _shape(got) == _shape(read_local(str(tmp_path / "missing")))
+    assert [e.message for e in got.errors] == [f"no such file or folder: {tmp_path / 'missing'}"]
+    assert cache.stats[str(tmp_path / "missing")].read == 0
