@@ -11,16 +11,12 @@ import fnmatch
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-import numpy as np
-
 from .boundaries import BoundaryConfig, Piece, infer_boundaries, split_segment
-from .declarations import ReferenceSchedule, explain_boundary, reference_schedules, schedule_note
 from .metrics import choose_kl_metric, is_negated
-from .step_axis import step_axis_metric, to_framework_steps
-from .model import (Boundary, BoundaryVerdict, Finding, Lineage, LineageResult, ScanResult, Segment, Series,
-                    SourceError, SourceRead, cadence_of, extent_of)
-from .reference_reset import ReferenceResetConfig, judge_boundary, typical_kl
+from .model import Finding, Lineage, LineageResult, ScanResult, Segment, Series, SourceError, SourceRead, cadence_of, extent_of
+from .reference_reset import ReferenceResetConfig, ReferenceResetDetector
 from .sources import read_source, split_pattern
+from .step_axis import step_axis_metric, to_framework_steps
 from .stitching import StitchConfig, starts_over, stitch
 
 
@@ -39,6 +35,14 @@ class ScanConfig:
     reference_reset: ReferenceResetConfig = field(default_factory=ReferenceResetConfig)
     findings: bool = True
     """Run the other resume-integrity detectors (``klwatch.findings``)."""
+    finding_configs: tuple[tuple[str, object], ...] = ()
+    """``(detector name, its config)`` pairs for the finding detectors (e.g.
+    ``("lr_schedule_restart", LrScheduleRestartConfig(min_jump=0.3))``); the others keep their defaults."""
+
+    def reset_detector(self) -> ReferenceResetDetector:
+        """The reference-reset detector this scan judges with."""
+        return ReferenceResetDetector(config=self.reference_reset, intentional_resets=self.intentional_resets,
+                                      metrics=self.metrics)
 
 
 def read_sources(specs: Sequence[str], *, progress: Callable[[str], None] | None = None,
@@ -138,16 +142,6 @@ def _from_scratch_runs(pieces: list[Piece], *, metric: str | None, checkpoint_st
     return runs or [[]]
 
 
-def _opening(kl_pieces: list[Series | None], *, typical: float) -> Series | None:
-    """The run's opening KL (logged from its first logging step; TRL logs every ``logging_steps``),
-    the template of a regrowth from zero; None when the logs do not start at the beginning."""
-    first = next((k for k in kl_pieces if k is not None), None)
-    if first is not None and len(first) >= 3 and (first.steps[0] <= cadence_of({"kl": first}, prefer=("kl",))
-                                                  or first.values[0] < 0.05 * typical):
-        return first
-    return None
-
-
 def settle_tentative(lineage: Lineage, *, config: ScanConfig) -> None:
     """Keep a tentative boundary (a pause like the run's routine ones, inside one tracker piece) only
     where the KL says the reference was reset there; elsewhere join its two pieces back and note it.
@@ -157,22 +151,13 @@ def settle_tentative(lineage: Lineage, *, config: ScanConfig) -> None:
     regrows at the pause is the rebuilt reference whatever caused the pause; a KL that goes on is not
     worth a boundary.
     """
-    metric = lineage.kl_metric
+    detector = config.reset_detector()
     for b in sorted([b for b in lineage.boundaries if b.tentative], key=lambda b: -b.piece_index):
-        if metric is not None:
-            kl_pieces = lineage.kl_pieces()
-            after = kl_pieces[b.piece_index]
-            before = next((kl_pieces[j] for j in range(b.piece_index - 1, -1, -1) if kl_pieces[j] is not None), None)
-            finite = np.concatenate([k.values[np.isfinite(k.values)] for k in kl_pieces if k is not None])
-            if after is not None and before is not None and len(finite) and np.any(np.abs(finite) >= 1e-12):
-                scale = typical_kl(finite)
-                v = judge_boundary(b, before, after, start=_opening(kl_pieces, typical=scale), scale=scale,
-                                   config=config.reference_reset)
-                if v.verdict == "reference_reset":
-                    b.tentative = False
-                    lineage.notes.append(f"a pause before step {b.step} inside one tracker piece is taken as a restart: "
-                                         "the KL collapses there and regrows")
-                    continue
+        if detector.confirms_reset(lineage, b):
+            b.tentative = False
+            lineage.notes.append(f"a pause before step {b.step} inside one tracker piece is taken as a restart: "
+                                 "the KL collapses there and regrows")
+            continue
         k = b.piece_index
         merged = dict(lineage.pieces[k - 1])
         for name, ser in lineage.pieces[k].items():
@@ -186,102 +171,15 @@ def settle_tentative(lineage: Lineage, *, config: ScanConfig) -> None:
 
 
 def judge_lineage(lineage: Lineage, *, config: ScanConfig) -> LineageResult:
-    """Give a training run its status and every boundary its verdict."""
-    errors = [s.error for s in lineage.segments if s.error]
-    metric = lineage.kl_metric
-    if errors and all(s.error for s in lineage.segments):
-        return LineageResult(lineage, None, "error", error="; ".join(errors))
-    if metric is None:
-        names = [n for n in lineage.metric_names() if not n.startswith("_")]
-        shown = ", ".join(names[:12]) + (" ..." if len(names) > 12 else "")
-        msg = (f"No reference-KL metric among the {len(names)} logged ({shown or 'none'}); "
-               "name it with --metric." if not config.metrics else
-               f"No logged metric matches --metric {' '.join(config.metrics)} (logged: {shown or 'none'}).")
-        result = LineageResult(lineage, None, "no_kl_metric", findings=[Finding("kl_metric", None, "warning", msg)])
-        _unjudged(result, lineage.boundaries, "No KL logged on both sides of this boundary.")
-        # the other resume-integrity checks do not need a KL: run them all the same
-        return _with_findings(result, config)
-    kl_pieces = lineage.kl_pieces()
-    allkl = np.concatenate([k.values for k in kl_pieces if k is not None]) if any(k is not None for k in kl_pieces) else np.empty(0)
-    finite = allkl[np.isfinite(allkl)]
-    result = LineageResult(lineage, metric, "ok")
-    if len(finite) and np.all(np.abs(finite) < 1e-12):
-        result.status = "kl_disabled"
-        _unjudged(result, lineage.boundaries, f"{metric} is 0 for the whole run: the KL penalty is off, so there is no reference to reset.")
-        return _with_findings(result, config)
-    if len(finite) < config.reference_reset.min_points_before + 1:
-        result.status = "insufficient_data"
-        _unjudged(result, lineage.boundaries, f"Only {len(finite)} finite {metric} point(s) in the whole run: too few to judge.")
-        return _with_findings(result, config)
-
-    scale, start = typical_kl(finite), _opening(kl_pieces, typical=typical_kl(finite))
-    schedules = reference_schedules(lineage.config, cli_steps=tuple(config.intentional_resets))
-    for b in lineage.boundaries:
-        after = kl_pieces[b.piece_index]
-        before = next((kl_pieces[j] for j in range(b.piece_index - 1, -1, -1) if kl_pieces[j] is not None), None)
-        if after is None or before is None:
-            _unjudged(result, [b], "No KL logged on both sides of this boundary.")
-            continue
-        v = judge_boundary(b, before, after, start=start, scale=scale, config=config.reference_reset)
-        if v.verdict == "reference_reset":
-            _apply_declarations(v, schedules, before=before, after=after)
-        result.verdicts.append(v)
-    verdicts = {v.verdict for v in result.verdicts}
-    if "reference_reset" in verdicts:
-        result.status = "reference_reset"
-    elif "intentional" in verdicts:
-        result.status = "intentional"
-    if errors:
-        result.error = "; ".join(errors)
-    return _with_findings(result, config)
-
-
-def _apply_declarations(v: BoundaryVerdict, schedules: list[ReferenceSchedule], *, before: Series,
-                        after: Series) -> None:
-    """A reset the run declared is ``intentional``; a mixing sync (alpha < 1) cannot take the KL to ~0,
-    so a drop far deeper than its mix predicts stays in doubt rather than excused."""
-    b = v.boundary
-    exp = explain_boundary(schedules, step=b.step, resumed_from=b.resumed_from_step,
-                           last_before=int(before.steps[-1]) if len(before) else None)
-    if exp is None:
-        note = schedule_note(schedules, step=b.step)
-        if note:
-            v.explanation = f"{v.explanation} {note}"
-        return
-    alpha = exp.schedule.alpha
-    fell = f"KL fell from {v.kl_before:.3g} to {v.kl_after:.3g} at the resume at step {b.step}"
-    first_after = next((float(x) for x in after.values if np.isfinite(x)), None)
-    if not exp.schedule.full and v.kl_before and first_after is not None and \
-            first_after / v.kl_before < MIXUP_DEPTH_SLACK * (1 - alpha) ** 2:
-        v.verdict = "inconclusive"
-        v.explanation = (f"{fell}, far deeper than a reference sync mixing {alpha:g} of the policy predicts "
-                         f"(~{(1 - alpha) ** 2:.0%} of the level; {exp.why}): the reference may have been "
-                         "rebuilt from the resumed weights.")
-        return
-    v.verdict = "intentional"
-    v.explanation = f"{fell}, a reference update that is intentional: {exp.why}."
-
-
-MIXUP_DEPTH_SLACK = 0.25
-"""A sync with mixing weight alpha leaves about (1 - alpha)^2 of the KL; a drop under this share of
-that is deeper than the sync explains."""
-
-
-def _unjudged(result: LineageResult, boundaries: list[Boundary], why: str) -> None:
-    """Boundaries that cannot be judged are still reported, saying why."""
-    for b in boundaries:
-        result.verdicts.append(BoundaryVerdict(b, "inconclusive", 0.5, None, None, why))
-
-
-def _with_findings(result: LineageResult, config: ScanConfig) -> LineageResult:
-    if not config.findings:
+    """Give a training run its status and every boundary its verdict (the reference-reset detector),
+    then the other resume-integrity detectors' findings (they do not need a KL)."""
+    result = config.reset_detector().judge(lineage)
+    if result.status == "error" or not config.findings:
         return result
+    from .findings import run_findings  # the finding detectors load only when a scan runs them
+
     try:
-        from .findings import run_findings
-    except ImportError:
-        return result
-    try:
-        result.findings.extend(run_findings(result))
+        result.findings.extend(run_findings(result, configs=dict(config.finding_configs)))
     except Exception as exc:  # a finding detector's bug must not hide the verdict
         result.findings.append(Finding("findings", None, "warning", f"finding detectors failed: {type(exc).__name__}: {exc}"))
     return result

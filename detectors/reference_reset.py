@@ -38,13 +38,15 @@ guessed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import expit, logsumexp
 
-from .model import Boundary, BoundaryVerdict, Series, Verdict
+from .declarations import ReferenceSchedule, explain_boundary, reference_schedules, schedule_note
+from .detector import Detector
+from .model import Boundary, BoundaryVerdict, Finding, Lineage, LineageResult, Series, Verdict, cadence_of
 from .stats import diff_noise, floored_log, t_logpdf
 
 Curve = Callable[[np.ndarray], np.ndarray]
@@ -139,6 +141,15 @@ class ReferenceResetConfig:
     """Smallest log-space noise assumed, so a very smooth KL does not make every wiggle significant."""
     min_h1_noise: float = 0.5
     """Log-space noise of the reset templates: they are shapes, not fits."""
+    kl_off_tolerance: float = 1e-12
+    """A KL whose every finite point is under this in size is the penalty switched off (``kl_disabled``):
+    there is no reference to reset. Float noise of an exact zero, not a small KL."""
+    opening_zero_fraction: float = 0.05
+    """A run's first logged KL under this fraction of its typical KL is its opening even when logged late
+    (the template of a regrowth from zero)."""
+    mixup_depth_slack: float = 0.25
+    """A declared sync mixing ``alpha`` of the policy leaves about (1 - alpha)^2 of the KL; a drop under
+    this share of that is deeper than the sync explains and stays ``inconclusive``."""
 
 
 def typical_kl(values: np.ndarray) -> float:
@@ -581,3 +592,238 @@ def judge_boundary(
     return verdict("inconclusive", score,
                    f"KL moved from {w.kl_before:.3g} to {w.kl_after:.3g} at the resume {at}; neither a continuation "
                    "nor a reset explains it clearly.")
+
+
+# ------------------------------------------------------------------------------- the detector
+
+
+def _nearest_before(kl_pieces: Sequence[Series | None], k: int) -> Series | None:
+    """The KL of the nearest piece before piece ``k`` that logs one."""
+    return next((kl_pieces[j] for j in range(k - 1, -1, -1) if kl_pieces[j] is not None), None)
+
+
+def _finite_kl(kl_pieces: Sequence[Series | None]) -> np.ndarray:
+    """Every finite KL point of the run, pieces in order."""
+    parts = [k.values for k in kl_pieces if k is not None]
+    allkl = np.concatenate(parts) if parts else np.empty(0)
+    return allkl[np.isfinite(allkl)]
+
+
+class ReferenceResetDetector(Detector[ReferenceResetConfig]):
+    """The headline check: was the frozen reference rebuilt from the resumed weights at a resume?
+
+    ``judge(lineage)`` gives a training run its status and every boundary its verdict, owning the whole
+    policy: a KL that is zero throughout is a penalty switched off, too few points are not judged, the
+    run's opening is the regrowth template, a reset the run declares is ``intentional``.
+    ``stream()`` is the same judgement one logged point at a time (a live watcher, a training callback).
+    """
+
+    name = "reference_reset"
+    config_class = ReferenceResetConfig
+
+    def __init__(self, *, config: ReferenceResetConfig | None = None, intentional_resets: Sequence[int] = (),
+                 metrics: Sequence[str] = ()) -> None:
+        super().__init__(config=config)
+        self.intentional_resets = tuple(intentional_resets)
+        """Steps the user declares (``--intentional-reset``), besides what the run's config declares."""
+        self.metrics = tuple(metrics)
+        """The ``--metric`` names or globs the KL was chosen by (for the message when none matched)."""
+
+    def judge(self, lineage: Lineage) -> LineageResult:
+        """The run's status and a verdict for every boundary (no findings: those are other detectors').
+        An unreadable part is named in ``error`` when the rest of the run was judged."""
+        errors = [s.error for s in lineage.segments if s.error]
+        if errors and all(s.error for s in lineage.segments):
+            return LineageResult(lineage, None, "error", error="; ".join(errors))
+        result = self._judge_kl(lineage)
+        if errors and result.status in ("ok", "reference_reset", "intentional"):
+            result.error = "; ".join(errors)
+        return result
+
+    def _judge_kl(self, lineage: Lineage) -> LineageResult:
+        metric = lineage.kl_metric
+        if metric is None:
+            return self._no_kl_metric(lineage)
+        kl_pieces = lineage.kl_pieces()
+        finite = _finite_kl(kl_pieces)
+        result = LineageResult(lineage, metric, "ok")
+        if len(finite) and np.all(np.abs(finite) < self.config.kl_off_tolerance):
+            result.status = "kl_disabled"
+            _unjudged(result, lineage.boundaries,
+                      f"{metric} is 0 for the whole run: the KL penalty is off, so there is no reference to reset.")
+            return result
+        if len(finite) < self.config.min_points_before + 1:
+            result.status = "insufficient_data"
+            _unjudged(result, lineage.boundaries, f"Only {len(finite)} finite {metric} point(s) in the whole run: too few to judge.")
+            return result
+        scale = typical_kl(finite)
+        start = self.opening(kl_pieces, scale=scale)
+        schedules = reference_schedules(lineage.config, cli_steps=self.intentional_resets)
+        for b in lineage.boundaries:
+            v = self._verdict_at(kl_pieces, b, scale=scale, start=start)
+            if v is None:
+                _unjudged(result, [b], "No KL logged on both sides of this boundary.")
+                continue
+            if v.verdict == "reference_reset":
+                self._apply_declarations(v, schedules, before=_nearest_before(kl_pieces, b.piece_index),
+                                         after=kl_pieces[b.piece_index])
+            result.verdicts.append(v)
+        result.status = _roll_up(result.verdicts)
+        return result
+
+    def _no_kl_metric(self, lineage: Lineage) -> LineageResult:
+        """No KL to judge: say what was logged, so the user can name the KL with ``--metric``."""
+        names = [n for n in lineage.metric_names() if not n.startswith("_")]
+        shown = ", ".join(names[:12]) + (" ..." if len(names) > 12 else "")
+        msg = (f"No reference-KL metric among the {len(names)} logged ({shown or 'none'}); "
+               "name it with --metric." if not self.metrics else
+               f"No logged metric matches --metric {' '.join(self.metrics)} (logged: {shown or 'none'}).")
+        result = LineageResult(lineage, None, "no_kl_metric", findings=[Finding("kl_metric", None, "warning", msg)])
+        _unjudged(result, lineage.boundaries, "No KL logged on both sides of this boundary.")
+        return result
+
+    def opening(self, kl_pieces: Sequence[Series | None], *, scale: float) -> Series | None:
+        """The run's opening KL (logged from its first logging step; TRL logs every ``logging_steps``),
+        the template of a regrowth from zero; None when the logs do not start at the beginning."""
+        first = next((k for k in kl_pieces if k is not None), None)
+        if first is not None and len(first) >= 3 and (first.steps[0] <= cadence_of({"kl": first}, prefer=("kl",))
+                                                      or first.values[0] < self.config.opening_zero_fraction * scale):
+            return first
+        return None
+
+    def _verdict_at(self, kl_pieces: Sequence[Series | None], b: Boundary, *, scale: float,
+                    start: Series | None) -> BoundaryVerdict | None:
+        after, before = kl_pieces[b.piece_index], _nearest_before(kl_pieces, b.piece_index)
+        if after is None or before is None:
+            return None
+        return judge_boundary(b, before, after, start=start, scale=scale, config=self.config)
+
+    def confirms_reset(self, lineage: Lineage, boundary: Boundary) -> bool:
+        """Whether the KL says the reference was reset at ``boundary`` (how a pause inside one tracker
+        piece earns its boundary): the statistic alone, before any declaration excuses it."""
+        if lineage.kl_metric is None:
+            return False
+        kl_pieces = lineage.kl_pieces()
+        finite = _finite_kl(kl_pieces)
+        if not len(finite) or not np.any(np.abs(finite) >= self.config.kl_off_tolerance):
+            return False
+        scale = typical_kl(finite)
+        v = self._verdict_at(kl_pieces, boundary, scale=scale, start=self.opening(kl_pieces, scale=scale))
+        return v is not None and v.verdict == "reference_reset"
+
+    def _apply_declarations(self, v: BoundaryVerdict, schedules: list[ReferenceSchedule], *, before: Series | None,
+                            after: Series | None) -> None:
+        """A reset the run declared is ``intentional``; a mixing sync (alpha < 1) cannot take the KL to ~0,
+        so a drop far deeper than its mix predicts stays in doubt rather than excused."""
+        assert before is not None and after is not None
+        b = v.boundary
+        exp = explain_boundary(schedules, step=b.step, resumed_from=b.resumed_from_step,
+                               last_before=int(before.steps[-1]) if len(before) else None)
+        if exp is None:
+            note = schedule_note(schedules, step=b.step)
+            if note:
+                v.explanation = f"{v.explanation} {note}"
+            return
+        alpha = exp.schedule.alpha
+        fell = f"KL fell from {v.kl_before:.3g} to {v.kl_after:.3g} at the resume at step {b.step}"
+        first_after = next((float(x) for x in after.values if np.isfinite(x)), None)
+        if not exp.schedule.full and v.kl_before and first_after is not None and \
+                first_after / v.kl_before < self.config.mixup_depth_slack * (1 - alpha) ** 2:
+            v.verdict = "inconclusive"
+            v.explanation = (f"{fell}, far deeper than a reference sync mixing {alpha:g} of the policy predicts "
+                             f"(~{(1 - alpha) ** 2:.0%} of the level; {exp.why}): the reference may have been "
+                             "rebuilt from the resumed weights.")
+            return
+        v.verdict = "intentional"
+        v.explanation = f"{fell}, a reference update that is intentional: {exp.why}."
+
+    def stream(self, *, name: str = "run", config: dict | None = None) -> "StreamingReferenceReset":
+        """The same judgement fed one logged KL point at a time (see ``StreamingReferenceReset``)."""
+        return StreamingReferenceReset(detector=self, name=name, config=config)
+
+
+def _unjudged(result: LineageResult, boundaries: list[Boundary], why: str) -> None:
+    """Boundaries that cannot be judged are still reported, saying why."""
+    for b in boundaries:
+        result.verdicts.append(BoundaryVerdict(b, "inconclusive", 0.5, None, None, why))
+
+
+def _roll_up(verdicts: list[BoundaryVerdict]) -> str:
+    """A run's status from its boundaries' verdicts: any reset makes it a reset run."""
+    kinds = {v.verdict for v in verdicts}
+    if "reference_reset" in kinds:
+        return "reference_reset"
+    return "intentional" if "intentional" in kinds else "ok"
+
+
+class StreamingReferenceReset:
+    """The reference-reset check fed as the run logs (river-style ``update``): for a live watcher or a
+    callback inside training, which see a resume when it happens and want the verdict as soon as the
+    points that decide it are in.
+
+    Call ``update(step, kl)`` for every logged KL point (as a distance: flip a KL logged negated) and
+    ``resume(resumed_from_step=...)`` when the process restarts from a checkpoint. The verdict of a
+    resume rests on its first ``window_after`` logged points, like ``klwatch scan``'s: ``update`` returns
+    it with the point that completes them (None otherwise) and keeps it in ``verdicts``. Given the same
+    points, it is the verdict a scan of the logs up to that point gives.
+    """
+
+    def __init__(self, *, detector: ReferenceResetDetector, name: str = "run", config: dict | None = None) -> None:
+        self.detector = detector
+        self.name = name
+        self.config = dict(config or {})
+        """The run's config, for the reference updates it declares (TRL's ``sync_ref_model``, ...)."""
+        self._steps: list[list[int]] = [[]]
+        self._values: list[list[float]] = [[]]
+        self._resumed_from: list[int | None] = [None]
+        self._done: list[bool] = [False]
+        self.verdicts: list[BoundaryVerdict] = []
+        """Final verdicts, one per resume, in order."""
+
+    def resume(self, *, resumed_from_step: int | None = None) -> BoundaryVerdict | None:
+        """A restart: later points belong to a new piece. A resume still waiting for its points is
+        judged on those it has (returned), since the next resume cuts it short."""
+        pending = self._finish() if len(self._steps) > 1 and self._steps[-1] and not self._done[-1] else None
+        if not self._steps[-1] and len(self._steps) > 1:  # resumed again before logging: one restart
+            self._resumed_from[-1] = resumed_from_step
+            return pending
+        self._steps.append([])
+        self._values.append([])
+        self._resumed_from.append(resumed_from_step)
+        self._done.append(False)
+        return pending
+
+    def update(self, step: int, kl: float) -> BoundaryVerdict | None:
+        """One logged KL point; the resume's verdict when this point completes its window."""
+        self._steps[-1].append(int(step))
+        self._values[-1].append(float(kl))
+        if len(self._steps) < 2 or self._done[-1]:
+            return None
+        finite_after = int(np.sum(np.isfinite(self._values[-1])))
+        return self._finish() if finite_after >= self.detector.config.window_after else None
+
+    def current(self) -> BoundaryVerdict | None:
+        """The latest resume's verdict on the points so far (provisional until ``update`` returns it)."""
+        if len(self._steps) < 2 or not self._steps[-1]:
+            return None
+        return self._judge()
+
+    def lineage(self) -> Lineage:
+        """What has been fed, as the lineage a scan of the same logs builds."""
+        kept = [k for k, s in enumerate(self._steps) if s]
+        pieces = [{"kl": Series(np.array(self._steps[k]), np.array(self._values[k]))} for k in kept]
+        boundaries = [Boundary(step=self._steps[k][0], resumed_from_step=self._resumed_from[k], evidence=["declared"],
+                               piece_index=i) for i, k in enumerate(kept) if i > 0]
+        return Lineage(id=self.name, name=self.name, segments=[], pieces=pieces, piece_segments=[0] * len(pieces),
+                       boundaries=boundaries, config=self.config, kl_metric="kl")
+
+    def _judge(self) -> BoundaryVerdict | None:
+        result = self.detector.judge(self.lineage())
+        return result.verdicts[-1] if result.verdicts else None
+
+    def _finish(self) -> BoundaryVerdict | None:
+        self._done[-1] = True
+        v = self._judge()
+        if v is not None:
+            self.verdicts.append(v)
+        return v
