@@ -11,25 +11,21 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
+from ..detector import Detector
 from ..model import Boundary, Finding, Lineage, LineageResult, Series
 
 Severity = Literal["error", "warning", "info"]
 C = TypeVar("C")
 
 
-class FindingDetector(ABC, Generic[C]):
-    """One resume-integrity detector. Subclasses set ``name`` and ``config_class`` and implement
-    ``detect``; a detector never raises on odd data (it returns no finding instead)."""
-
-    name: ClassVar[str]
-    config_class: ClassVar[type]
-
-    def __init__(self, *, config: C | None = None) -> None:
-        self.config: C = config if config is not None else self.config_class()
+class FindingDetector(Detector[C], ABC):
+    """One resume-integrity detector: a ``klwatch.detector.Detector`` that adds findings to a judged
+    run. Subclasses set ``name`` and ``config_class`` and implement ``detect``; a detector never raises
+    on odd data (it returns no finding instead)."""
 
     @abstractmethod
     def detect(self, result: LineageResult) -> list[Finding]:
@@ -38,9 +34,6 @@ class FindingDetector(ABC, Generic[C]):
     def finding(self, *, step: int | None, severity: Severity, message: str, data: dict[str, Any]) -> Finding:
         return Finding(detector=self.name, step=step, severity=severity, message=message,
                        data={k: _plain(v) for k, v in data.items()})
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(config={self.config!r})"
 
 
 def _plain(v: Any) -> Any:
