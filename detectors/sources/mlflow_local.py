@@ -146,6 +146,8 @@ def read_mlflow_sqlite(path: Path, *, ref: str, source: str) -> list[Segment]:
 
 
 def _read_sqlite(con: sqlite3.Connection, *, abspath: Path, source: str, who: str) -> list[Segment]:
+    """Every live run of the store, each query inside the read snapshot the caller began (it ends
+    once the metrics are read)."""
     tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     missing = {"runs", "metrics", "experiments"} - tables
     if missing:
@@ -161,6 +163,28 @@ def _read_sqlite(con: sqlite3.Connection, *, abspath: Path, source: str, who: st
     runs = con.execute(
         f"SELECT run_uuid, {name_col}, status, start_time, end_time, lifecycle_stage, "
         "experiment_id FROM runs ORDER BY start_time, run_uuid").fetchall()
+    tags, params = _sqlite_tags_and_params(con, tables)
+    series = _sqlite_series(con, who)
+
+    run_names = {r[0]: (r[1] or tags[r[0]].get(RUN_NAME_TAG)) for r in runs}
+    out: list[Segment] = []
+    for rid, _name, status, start_ms, end_ms, stage, eid in runs:
+        exp_name, exp_stage = exps.get(str(eid), (str(eid), "active"))
+        if (stage or "active") == "deleted" or exp_stage == "deleted":
+            continue
+        run_tags = tags.get(rid, {})
+        out.append(run_segment(run_id=rid, source=source, run_names=run_names, tags=run_tags,
+                               config=dict(params.get(rid, {})), series=series.get(rid, {}), start_ms=start_ms,
+                               end_ms=end_ms, store=f"{abspath}#{exp_name}", experiment=exp_name,
+                               experiment_id=str(eid), status=status, stage=stage or "active"))
+    out.sort(key=by_start_time)
+    return out
+
+
+def _sqlite_tags_and_params(con: sqlite3.Connection, tables: set[str]
+                            ) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, Any]]]:
+    """Run id -> its tags, and run id -> its params (as the numbers they were); an old store may
+    lack either table."""
     tags: dict[str, dict[str, str]] = defaultdict(dict)
     if "tags" in tables:
         for rid, key, value in con.execute("SELECT run_uuid, key, value FROM tags"):
@@ -169,13 +193,17 @@ def _read_sqlite(con: sqlite3.Connection, *, abspath: Path, source: str, who: st
     if "params" in tables:
         for rid, key, value in con.execute("SELECT run_uuid, key, value FROM params"):
             params[rid][key] = parse_param(value) if isinstance(value, str) else value
+    return tags, params
 
-    # Only runs that are live in a live experiment; the same filter in both metric queries.
+
+def _sqlite_series(con: sqlite3.Connection, who: str) -> dict[str, dict[str, Series]]:
+    """Run id -> metric -> Series, of the live runs in live experiments, in two queries (the
+    (run, metric) counts, then every point in that order) that end the read snapshot."""
     live = (
         "SELECT r.run_uuid FROM runs r LEFT JOIN experiments e ON e.experiment_id = r.experiment_id "
         "WHERE COALESCE(r.lifecycle_stage, 'active') != 'deleted' "
         "AND COALESCE(e.lifecycle_stage, 'active') != 'deleted'"
-    )
+    )  # the same filter in both queries
     mcols = _columns(con, "metrics")
     step = "step" if "step" in mcols else "0"
     is_nan = "is_nan" if "is_nan" in mcols else "0"
@@ -202,20 +230,7 @@ def _read_sqlite(con: sqlite3.Connection, *, abspath: Path, source: str, who: st
         start = end
     if start != len(data):  # the two queries disagree: the store changed under a non-snapshot read
         raise ReadError(f"{who}: the store changed while it was read; try again")
-
-    run_names = {r[0]: (r[1] or tags[r[0]].get(RUN_NAME_TAG)) for r in runs}
-    out: list[Segment] = []
-    for rid, _name, status, start_ms, end_ms, stage, eid in runs:
-        exp_name, exp_stage = exps.get(str(eid), (str(eid), "active"))
-        if (stage or "active") == "deleted" or exp_stage == "deleted":
-            continue
-        run_tags = tags.get(rid, {})
-        out.append(run_segment(run_id=rid, source=source, run_names=run_names, tags=run_tags,
-                               config=dict(params.get(rid, {})), series=series.get(rid, {}), start_ms=start_ms,
-                               end_ms=end_ms, store=f"{abspath}#{exp_name}", experiment=exp_name,
-                               experiment_id=str(eid), status=status, stage=stage or "active"))
-    out.sort(key=by_start_time)
-    return out
+    return series
 
 
 # --------------------------------------------------------------------------------------------
