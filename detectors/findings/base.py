@@ -17,6 +17,7 @@ import numpy as np
 
 from ..detector import Detector
 from ..model import Boundary, Finding, Lineage, LineageResult, Series
+from ..stats import last_per_step
 
 Severity = Literal["error", "warning", "info"]
 C = TypeVar("C")
@@ -81,15 +82,7 @@ def history(lineage: Lineage, boundary: Boundary, name: str) -> Series | None:
     parts = [p for p in piece_series(lineage, name)[: boundary.piece_index] if p is not None]
     if not parts:
         return None
-    s = Series.concat(parts)
-    # last occurrence of each step wins
-    rev_steps = s.steps[::-1]
-    _, idx = np.unique(rev_steps, return_index=True)
-    keep = len(s) - 1 - idx
-    keep.sort()
-    out = s.take(keep)
-    order = np.argsort(out.steps, kind="stable")
-    return out.take(order)
+    return last_per_step(Series.concat(parts))
 
 
 def resumes_with_history(lineage: Lineage, name: str, *,
