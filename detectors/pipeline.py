@@ -39,6 +39,15 @@ class ScanConfig:
     """``(detector name, its config)`` pairs for the finding detectors (e.g.
     ``("lr_schedule_restart", LrScheduleRestartConfig(min_jump=0.3))``); the others keep their defaults."""
 
+    def __post_init__(self) -> None:
+        if self.finding_configs:  # a typo must not leave a detector silently at its defaults
+            from .findings import DETECTORS
+
+            unknown = [name for name, _ in self.finding_configs if name not in DETECTORS]
+            if unknown:
+                raise ValueError(f"unknown finding detector(s) in finding_configs: {', '.join(unknown)} "
+                                 f"(known: {', '.join(DETECTORS)})")
+
     def reset_detector(self) -> ReferenceResetDetector:
         """The reference-reset detector this scan judges with."""
         return ReferenceResetDetector(config=self.reference_reset, intentional_resets=self.intentional_resets,
