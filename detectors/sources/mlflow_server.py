@@ -413,56 +413,14 @@ def read_mlflow_server(spec: str) -> SourceRead:
 
 
 def _read(api: RestClient, server: ServerSpec, out: SourceRead) -> None:
+    """Every run of the experiments asked for, as Segments into ``out`` (a ServerError ends it)."""
     exps = _experiments(api, server.experiment)
     exp_names = {str(e["experiment_id"]): str(e.get("name", e["experiment_id"])) for e in exps}
     runs = _runs(api, list(exp_names))
     out.kinds.append("mlflow")
-
-    tags_of: dict[str, dict[str, str]] = {}
-    keys: dict[str, dict[str, _Latest]] = defaultdict(dict)
-    for run in runs:
-        rid = run["info"]["run_id"] if "run_id" in run["info"] else run["info"]["run_uuid"]
-        data = run.get("data", {})
-        tags_of[rid] = {t["key"]: t.get("value", "") for t in data.get("tags", [])}
-        for m in data.get("metrics", []):
-            step = int(m.get("step", 0))
-            keys[m["key"]][rid] = _Latest(step=step, timestamp=int(m.get("timestamp", 0)),
-                                          expected=max(1, step + 1))
-
-    names = {rid: None for rid in tags_of}
-    for run in runs:
-        info = run["info"]
-        rid = info.get("run_id") or info["run_uuid"]
-        names[rid] = info.get("run_name") or tags_of[rid].get(RUN_NAME_TAG)
-    for rid, tags in tags_of.items():  # a parent outside the experiments read: ask for its name
-        parent = tags.get(PARENT_RUN_TAG)
-        if parent and parent not in names and "group" not in tags:
-            try:
-                info = api.get("/api/2.0/mlflow/runs/get", {"run_id": parent})["run"]
-                names[parent] = info["info"].get("run_name") or {
-                    t["key"]: t["value"] for t in info.get("data", {}).get("tags", [])
-                }.get(RUN_NAME_TAG)
-            except ServerError as exc:
-                if exc.transport:
-                    raise
-                names[parent] = None
-
-    fetcher = _Fetcher(api)
-    histories: dict[str, dict[str, Series]] = defaultdict(dict)
-    run_errors: dict[str, list[str]] = defaultdict(list)
-    pool = ThreadPoolExecutor(max_workers=PARALLEL_REQUESTS, thread_name_prefix="klwatch-mlflow")
-    try:
-        futures = [(key, pool.submit(fetcher.fetch_key, key, keys[key])) for key in sorted(keys)]
-        for key, fut in futures:
-            got, errors = fut.result()  # a transport error ends the read: see the finally
-            for rid, pts in got.items():
-                histories[rid][key] = _series(pts)
-            for rid, msg in errors.items():
-                run_errors[rid].append(msg)
-    finally:
-        # Do not wait for requests still in flight to a server that stopped answering: they end
-        # at their own timeout; the ones not started yet are dropped.
-        pool.shutdown(wait=False, cancel_futures=True)
+    tags_of, keys = _tags_and_latest(runs)
+    names = _run_names(api, runs, tags_of)
+    histories, run_errors = _histories(api, keys)
 
     segs: list[Segment] = []
     for run in runs:
@@ -482,3 +440,67 @@ def _read(api: RestClient, server: ServerSpec, out: SourceRead) -> None:
             status=info.get("status"), stage=info.get("lifecycle_stage", "active"), server=server.base_url))
     segs.sort(key=by_start_time)
     out.segments.extend(segs)
+
+
+def _tags_and_latest(runs: list[dict[str, Any]]
+                     ) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, _Latest]]]:
+    """Run id -> its tags, and metric key -> run id -> the latest point the search answer shows: what
+    says which runs to fetch each history for, and whether a bulk answer holds all of one."""
+    tags_of: dict[str, dict[str, str]] = {}
+    keys: dict[str, dict[str, _Latest]] = defaultdict(dict)
+    for run in runs:
+        rid = run["info"]["run_id"] if "run_id" in run["info"] else run["info"]["run_uuid"]
+        data = run.get("data", {})
+        tags_of[rid] = {t["key"]: t.get("value", "") for t in data.get("tags", [])}
+        for m in data.get("metrics", []):
+            step = int(m.get("step", 0))
+            keys[m["key"]][rid] = _Latest(step=step, timestamp=int(m.get("timestamp", 0)),
+                                          expected=max(1, step + 1))
+    return tags_of, keys
+
+
+def _run_names(api: RestClient, runs: list[dict[str, Any]], tags_of: dict[str, dict[str, str]]
+               ) -> dict[str, str | None]:
+    """Run id -> the name the server shows, for the runs read and for any parent run outside the
+    experiments read (asked for by id: nested runs are grouped under their parent's name)."""
+    names: dict[str, str | None] = {rid: None for rid in tags_of}
+    for run in runs:
+        info = run["info"]
+        rid = info.get("run_id") or info["run_uuid"]
+        names[rid] = info.get("run_name") or tags_of[rid].get(RUN_NAME_TAG)
+    for rid, tags in tags_of.items():
+        parent = tags.get(PARENT_RUN_TAG)
+        if parent and parent not in names and "group" not in tags:
+            try:
+                info = api.get("/api/2.0/mlflow/runs/get", {"run_id": parent})["run"]
+                names[parent] = info["info"].get("run_name") or {
+                    t["key"]: t["value"] for t in info.get("data", {}).get("tags", [])
+                }.get(RUN_NAME_TAG)
+            except ServerError as exc:
+                if exc.transport:
+                    raise
+                names[parent] = None
+    return names
+
+
+def _histories(api: RestClient, keys: dict[str, dict[str, _Latest]]
+               ) -> tuple[dict[str, dict[str, Series]], dict[str, list[str]]]:
+    """Run id -> metric -> its full history, fetched a few keys at a time in parallel, and run id ->
+    the errors met fetching its histories."""
+    fetcher = _Fetcher(api)
+    histories: dict[str, dict[str, Series]] = defaultdict(dict)
+    run_errors: dict[str, list[str]] = defaultdict(list)
+    pool = ThreadPoolExecutor(max_workers=PARALLEL_REQUESTS, thread_name_prefix="klwatch-mlflow")
+    try:
+        futures = [(key, pool.submit(fetcher.fetch_key, key, keys[key])) for key in sorted(keys)]
+        for key, fut in futures:
+            got, errors = fut.result()  # a transport error ends the read: see the finally
+            for rid, pts in got.items():
+                histories[rid][key] = _series(pts)
+            for rid, msg in errors.items():
+                run_errors[rid].append(msg)
+    finally:
+        # Do not wait for requests still in flight to a server that stopped answering: they end
+        # at their own timeout; the ones not started yet are dropped.
+        pool.shutdown(wait=False, cancel_futures=True)
+    return histories, run_errors
