@@ -6,8 +6,9 @@ What a user waits for, layer by layer, on the same files:
 
 - cold load: read + stitch + judge every run (``klwatch.dashboard.data.load_fleet`` with empty caches);
 - warm load: the same call again (what every click costs: a fingerprint of the files, cache hits);
-- a threshold moved: re-judge only (the read and the lineages come from the cache);
-- the metric changed: re-stitch and re-judge, no read;
+- a threshold moved, or the metric changed: re-stitch and re-judge, no read (the read comes from
+  the cache; stitching depends on the thresholds too, where a routine pause counts only if the KL
+  was reset);
 - the fleet view (table, boundary points, fleet picture) and the run view figure of one run, with
   its JSON serialisation (what Streamlit ships to the browser); and a 1,000,000-step run thinned by
   min/max buckets;
@@ -34,8 +35,12 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from klwatch.dashboard.data import Fleet
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -127,6 +132,115 @@ print(json.dumps([cold, warm, moved, len(at.dataframe(key="fleet_table").value)]
     return cold, warm, moved
 
 
+Row = tuple[str, float, str]
+
+
+def load_rows(spec: str, *, repeat: int) -> tuple[list[Row], Fleet, float, float]:
+    """The data layer, cold then warm: (rows, the fleet, cold seconds, warm seconds)."""
+    from klwatch.dashboard import data
+    from klwatch.pipeline import ScanConfig
+    from klwatch.reference_reset import ReferenceResetConfig
+
+    config = ScanConfig()
+    data.clear_caches()
+    fleet_config = dataclasses.replace(config, findings=False)  # what the fleet view judges with
+    fp = data.fingerprint(spec)
+    t_read, _ = timed(lambda: data.read_cached(spec, fp))
+    t_judge, _ = timed(lambda: data.scan_cached(spec, fp, data.config_key(fleet_config), fleet_config))
+    t_rest, fleet = timed(lambda: data.load_fleet([spec], config=config))  # cache hits + assembly
+    t_cold = t_read + t_judge + t_rest
+    rows: list[Row] = [("cold load: read + stitch + judge", t_cold, f"read {t_read:.2f} s, stitch + judge {t_judge:.2f} s")]
+    t_warm, _ = timed(lambda: data.load_fleet([spec], config=config), repeat=repeat)
+    t_fp, _ = timed(lambda: data.fingerprint(spec), repeat=repeat)
+    rows.append(("warm load (every click)", t_warm, f"of which the files' fingerprint {t_fp * 1000:.1f} ms"))
+    moved = [dataclasses.replace(config, reference_reset=ReferenceResetConfig(reset_score=x)) for x in (0.8, 0.85, 0.9)]
+    t_moved = min(timed(lambda c=c: data.load_fleet([spec], config=c))[0] for c in moved)
+    rows.append(("a threshold moved: re-stitch + judge", t_moved, "no read"))
+    t_metric, _ = timed(lambda: data.load_fleet([spec], config=dataclasses.replace(config, metrics=("train/kl*",))))
+    rows.append(("the metric changed: re-stitch + judge", t_metric, "no read"))
+    t_export, full = timed(lambda: data.load_fleet([spec], config=config, findings=True))
+    n_findings = sum(len(r.findings) for r in full.scan.results)  # type: ignore[union-attr]
+    rows.append(("JSON export: + findings for every run", t_export, f"{n_findings} findings; on click only"))
+    return rows, fleet, t_cold, t_warm
+
+
+def view_rows(fleet: Fleet, *, repeat: int) -> list[Row]:
+    """The fleet view and the run view of its first flagged run, as Streamlit ships them."""
+    from klwatch.dashboard import charts, data
+    from klwatch.pipeline import ScanConfig
+
+    config = ScanConfig()
+    statuses = fleet.status_counts()
+    t_fleet_view, _ = timed(lambda: (data.fleet_table(fleet), charts.fleet_figure(
+        data.boundary_points(fleet), thresholds=config.reference_reset).to_json()), repeat=repeat)
+    rows: list[Row] = [("fleet view: table + fleet picture", t_fleet_view, f"{len(fleet.keys)} runs: {statuses}")]
+    flagged = next((r for r in fleet.scan.results if r.status == "reference_reset"), fleet.scan.results[0])
+    names = [n for n in flagged.lineage.metric_names() if n != flagged.metric]
+    linked = charts.pick_linked_metrics(names, exclude=[flagged.metric or ""])
+    key = fleet.keys[fleet.scan.results.index(flagged)]
+    t_opened, _ = timed(lambda: data.judged_run(fleet, key, config=config))
+    rows.append(("run view: the opened run's findings", t_opened, "once per run and thresholds"))
+    t_fig, fig = timed(lambda: charts.run_figure(flagged, linked=linked), repeat=repeat)
+    t_json, payload = timed(lambda: fig.to_json(), repeat=repeat)  # type: ignore[union-attr]
+    rows.append(("run view: figure of one run", t_fig + t_json,
+                 f"{flagged.lineage.name}, KL + {len(linked)} panels: build {t_fig * 1000:.0f} ms, "
+                 f"JSON {t_json * 1000:.0f} ms ({len(payload) / 2**10:.0f} KiB)"))  # type: ignore[arg-type]
+    return rows
+
+
+def big_run_row(*, repeat: int) -> Row:
+    """The run view of a 1,000,000-step run whose KL drops to zero at one step."""
+    from klwatch.dashboard import charts
+    from klwatch.model import Lineage, LineageResult, Segment, Series
+
+    n = 1_000_000
+    s = np.arange(1, n + 1)
+    v = 0.05 + 0.005 * np.sin(s / 900.0)
+    v[654_321] = 0.0
+    ser = Series(s, v, 1.7e9 + s * 1.0)
+    big = LineageResult(Lineage(id="big", name="big", segments=[Segment(kind="table", ref="big", source="x",
+                                                                        series={"kl": ser})],
+                                pieces=[{"kl": ser}], piece_segments=[0], kl_metric="kl"), "kl", "ok")
+    t_big, bigfig = timed(lambda: charts.run_figure(big), repeat=repeat)
+    drawn = len(bigfig.data[0].x)  # type: ignore[union-attr]
+    kept = bool(np.any(np.asarray(bigfig.data[0].y) == 0.0))  # type: ignore[union-attr]
+    return ("run view: a 1,000,000-step run", t_big,
+            f"min/max thinned to {drawn:,} points ({bigfig.data[0].type}); the one-step drop to 0 drawn: {kept}")  # type: ignore[union-attr]
+
+
+def naive_row(spec: str) -> Row:
+    """tbparse's SummaryReader over the folder: what a dashboard without caching redoes on every click."""
+    def naive() -> int:
+        from tbparse import SummaryReader
+
+        df = SummaryReader(spec, extra_columns={"dir_name", "wall_time"}).scalars
+        return len(df.groupby("dir_name"))
+
+    t_naive, groups = timed(naive)
+    return ("naive: tbparse over the folder, every click", t_naive,
+            f"{groups} folders into one DataFrame; no stitching, no verdict")
+
+
+def run_benchmark(root: Path, args: argparse.Namespace) -> None:
+    spec = str(root)
+    rows, fleet, t_cold, t_warm = load_rows(spec, repeat=args.repeat)
+    rows += view_rows(fleet, repeat=args.repeat)
+    rows.append(big_run_row(repeat=args.repeat))
+    if not args.no_page:
+        cold, warm, moved_page = page_times(root)
+        rows += [("whole page (AppTest), cold", cold, "fresh process, imports done"),
+                 ("whole page (AppTest), rerun", warm, "what a click costs server-side"),
+                 ("whole page (AppTest), slider moved", moved_page, "re-judged, page redrawn")]
+    rows.append(naive_row(spec))
+    t_naive = rows[-1][1]
+    width = max(len(r[0]) for r in rows)
+    print(f"{'step'.ljust(width)}  {'seconds':>8}  notes")
+    for name, secs, note in rows:
+        print(f"{name.ljust(width)}  {secs:8.3f}  {note}")
+    print(f"\nnaive / cold load: {t_naive / t_cold:.1f}x; naive / warm load: {t_naive / max(t_warm, 1e-9):,.0f}x; "
+          f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
@@ -140,12 +254,8 @@ def main() -> None:
 
     logging.getLogger("streamlit").setLevel(logging.ERROR)
 
-    tmp = None
-    if args.dir is None:
-        tmp = tempfile.mkdtemp(prefix="klwatch-bench-dashboard-")
-        root = Path(tmp)
-    else:
-        root = args.dir
+    tmp = tempfile.mkdtemp(prefix="klwatch-bench-dashboard-") if args.dir is None else None
+    root = Path(tmp) if tmp is not None else args.dir
     try:
         if not any(root.glob("*/events.out.tfevents.*")):
             t, counts = timed(lambda: write_fleet(root, runs=args.runs, steps=args.steps))
@@ -153,92 +263,7 @@ def main() -> None:
                   f"rebuilt), {counts['files']} event files, {counts['scalars']:,} scalars in {t:.1f} s")
         size = sum(p.stat().st_size for p in root.rglob("events.out.tfevents.*"))
         print(f"fleet: {root} ({size / 2**20:.1f} MiB)\n")
-
-        from klwatch.dashboard import charts, data
-        from klwatch.pipeline import ScanConfig
-        from klwatch.reference_reset import ReferenceResetConfig
-
-        spec = str(root)
-        config = ScanConfig()
-        rows: list[tuple[str, float, str]] = []
-
-        data.clear_caches()
-        fleet_config = dataclasses.replace(config, findings=False)  # what the fleet view judges with
-        fp = data.fingerprint(spec)
-        t_read, _ = timed(lambda: data.read_cached(spec, fp))
-        t_build, _ = timed(lambda: data.lineages_cached(spec, fp, data.build_key(fleet_config), fleet_config))
-        t_judge, _ = timed(lambda: data.results_cached(spec, fp, data.build_key(fleet_config),
-                                                       data.config_key(fleet_config), fleet_config))
-        t_rest, fleet = timed(lambda: data.load_fleet([spec], config=config))  # cache hits + assembly
-        t_cold = t_read + t_build + t_judge + t_rest
-        rows += [("cold load: read + stitch + judge", t_cold,
-                  f"read {t_read:.2f} s, stitch {t_build:.2f} s, judge {t_judge:.2f} s")]
-        t_warm, _ = timed(lambda: data.load_fleet([spec], config=config), repeat=args.repeat)
-        t_fp, _ = timed(lambda: data.fingerprint(spec), repeat=args.repeat)
-        rows.append(("warm load (every click)", t_warm, f"of which the files' fingerprint {t_fp * 1000:.1f} ms"))
-        moved = [dataclasses.replace(config, reference_reset=ReferenceResetConfig(reset_score=x)) for x in (0.8, 0.85, 0.9)]
-        t_moved = min(timed(lambda c=c: data.load_fleet([spec], config=c))[0] for c in moved)
-        rows.append(("a threshold moved: re-judge only", t_moved, "no read, no stitch"))
-        t_metric, _ = timed(lambda: data.load_fleet([spec], config=dataclasses.replace(config, metrics=("train/kl*",))))
-        rows.append(("the metric changed: re-stitch + judge", t_metric, "no read"))
-
-        t_export, full = timed(lambda: data.load_fleet([spec], config=config, findings=True))
-        n_findings = sum(len(r.findings) for r in full.scan.results)  # type: ignore[union-attr]
-        rows.append(("JSON export: + findings for every run", t_export, f"{n_findings} findings; on click only"))
-        statuses = fleet.status_counts()
-        t_fleet_view, _ = timed(lambda: (data.fleet_table(fleet), charts.fleet_figure(
-            data.boundary_points(fleet), thresholds=config.reference_reset).to_json()), repeat=args.repeat)
-        rows.append(("fleet view: table + fleet picture", t_fleet_view, f"{len(fleet.keys)} runs: {statuses}"))
-        flagged = next((r for r in fleet.scan.results if r.status == "reference_reset"), fleet.scan.results[0])
-        names = [n for n in flagged.lineage.metric_names() if n != flagged.metric]
-        linked = charts.pick_linked_metrics(names, exclude=[flagged.metric or ""])
-        key = fleet.keys[fleet.scan.results.index(flagged)]
-        t_opened, _ = timed(lambda: data.judged_run(fleet, key, config=config))
-        rows.append(("run view: the opened run's findings", t_opened, "once per run and thresholds"))
-        t_fig, fig = timed(lambda: charts.run_figure(flagged, linked=linked), repeat=args.repeat)
-        t_json, payload = timed(lambda: fig.to_json(), repeat=args.repeat)  # type: ignore[union-attr]
-        rows.append(("run view: figure of one run", t_fig + t_json,
-                     f"{flagged.lineage.name}, KL + {len(linked)} panels: build {t_fig * 1000:.0f} ms, "
-                     f"JSON {t_json * 1000:.0f} ms ({len(payload) / 2**10:.0f} KiB)"))  # type: ignore[arg-type]
-
-        from klwatch.model import Lineage, LineageResult, Segment, Series
-
-        n = 1_000_000
-        s = np.arange(1, n + 1)
-        v = 0.05 + 0.005 * np.sin(s / 900.0)
-        v[654_321] = 0.0
-        ser = Series(s, v, 1.7e9 + s * 1.0)
-        big = LineageResult(Lineage(id="big", name="big", segments=[Segment(kind="table", ref="big", source="x",
-                                                                            series={"kl": ser})],
-                                    pieces=[{"kl": ser}], piece_segments=[0], kl_metric="kl"), "kl", "ok")
-        t_big, bigfig = timed(lambda: charts.run_figure(big), repeat=args.repeat)
-        drawn = len(bigfig.data[0].x)  # type: ignore[union-attr]
-        kept = bool(np.any(np.asarray(bigfig.data[0].y) == 0.0))  # type: ignore[union-attr]
-        rows.append(("run view: a 1,000,000-step run", t_big,
-                     f"min/max thinned to {drawn:,} points ({bigfig.data[0].type}); the one-step drop to 0 drawn: {kept}"))  # type: ignore[union-attr]
-
-        if not args.no_page:
-            cold, warm, moved_page = page_times(root)
-            rows += [("whole page (AppTest), cold", cold, "fresh process, imports done"),
-                     ("whole page (AppTest), rerun", warm, "what a click costs server-side"),
-                     ("whole page (AppTest), slider moved", moved_page, "re-judged, page redrawn")]
-
-        def naive() -> int:
-            from tbparse import SummaryReader
-
-            df = SummaryReader(spec, extra_columns={"dir_name", "wall_time"}).scalars
-            return len(df.groupby("dir_name"))
-
-        t_naive, groups = timed(naive)
-        rows.append(("naive: tbparse over the folder, every click", t_naive,
-                     f"{groups} folders into one DataFrame; no stitching, no verdict"))
-
-        width = max(len(r[0]) for r in rows)
-        print(f"{'step'.ljust(width)}  {'seconds':>8}  notes")
-        for name, secs, note in rows:
-            print(f"{name.ljust(width)}  {secs:8.3f}  {note}")
-        print(f"\nnaive / cold load: {t_naive / t_cold:.1f}x; naive / warm load: {t_naive / max(t_warm, 1e-9):,.0f}x; "
-              f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
+        run_benchmark(root, args)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -1,14 +1,17 @@
-"""What the dashboard shows, computed by the same pipeline the CLI uses, cached in three layers.
+"""What the dashboard shows, computed by the same pipeline the CLI uses, cached in layers.
 
-Reading a source is the expensive step (seconds for a big fleet); building lineages is cheaper and
-judging them cheaper still. So each layer is cached on what it depends on: the read on the source
-spec and a fingerprint of its files (sizes and mtimes, so a new event file or a growing log is read
-again) or, for a remote tracker, a short time bucket; lineages also on the metric choice; verdicts
-also on the detector thresholds. Moving a threshold slider therefore re-judges in milliseconds
-without reading anything. The fleet is judged without the other resume-integrity detectors (``findings``,
-several times the cost of the KL verdicts, and not part of the fleet table): the run view asks for the
-open run's findings and the JSON export for everyone's, both through the same pipeline call with
-``findings`` on. Nothing here decides a verdict: it calls ``klwatch.pipeline``.
+Reading a source is the expensive step (seconds for a big fleet); stitching and judging its runs
+cost a fraction of that. So each layer is cached on what it depends on: the read on the source spec
+and a fingerprint of its files (sizes and mtimes, so a new event file or a growing log is read
+again) or, for a remote tracker, a short time bucket; the source's runs, stitched and judged by
+``pipeline.judge_reads``, also on the whole configuration (the metric choice and the thresholds: a
+routine pause inside one tracker piece stays a boundary only where the thresholds judge the KL
+reset, so even stitching depends on them). Moving a threshold slider therefore re-judges without
+reading anything. The fleet is judged without the other resume-integrity detectors (``findings``,
+several times the cost of the KL verdicts, and not part of the fleet table): the run view asks for
+the open run's findings and the JSON export for everyone's, each run judged again by
+``pipeline.judge_lineage`` with ``findings`` on. Nothing here decides a verdict: it calls
+``klwatch.pipeline``.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from klwatch.model import Lineage, LineageResult, ScanResult, SourceError, SourceRead
-from klwatch.pipeline import ScanConfig, build_lineages, judge_lineage, matches_pattern, read_sources
+from klwatch.model import Lineage, LineageResult, ScanResult, SourceRead
+from klwatch.pipeline import ScanConfig, judge_lineage, judge_reads, read_sources
 from klwatch.sources import split_pattern
 from klwatch.sources.local import SKIP_DIRS
 
@@ -97,25 +100,18 @@ def read_cached(spec: str, fp: str) -> tuple[SourceRead, str | None]:
 
 
 @st.cache_resource(max_entries=64, show_spinner=False)
-def lineages_cached(spec: str, fp: str, build_key: str, _config: ScanConfig) -> list[Lineage]:
-    """The source's training runs (after its ``#PATTERN``); depends on the metric choice, not the thresholds."""
-    read, pattern = read_cached(spec, fp)
-    return [lin for lin in build_lineages(read.segments, config=_config) if matches_pattern(pattern, lin)]
-
-
-@st.cache_resource(max_entries=64, show_spinner=False)
-def results_cached(spec: str, fp: str, build_key: str, judge_key: str, _config: ScanConfig) -> list[LineageResult]:
-    """Every run of the source judged with the given thresholds."""
-    return [judge_lineage(lin, config=_config) for lin in lineages_cached(spec, fp, build_key, _config)]
+def scan_cached(spec: str, fp: str, judge_key: str, _config: ScanConfig) -> ScanResult:
+    """One SOURCE stitched and judged by the pipeline (``judge_reads``): the training runs its
+    ``#PATTERN`` keeps, and the read as the report shows it (a copy carrying the error when the
+    pattern keeps none; the cached read itself is never touched)."""
+    return judge_reads([read_cached(spec, fp)], config=_config)
 
 
 @st.cache_resource(max_entries=256, show_spinner=False)
-def run_cached(spec: str, fp: str, build_key: str, judge_key: str, lineage_id: str, _config: ScanConfig) -> LineageResult | None:
-    """One run judged with everything (findings too): what the run view shows."""
-    for lin in lineages_cached(spec, fp, build_key, _config):
-        if lin.id == lineage_id:
-            return judge_lineage(lin, config=_config)
-    return None
+def run_cached(spec: str, fp: str, judge_key: str, position: int, _lineage: Lineage, _config: ScanConfig) -> LineageResult:
+    """One run judged with everything (findings too): what the run view shows and the export holds.
+    ``position`` is the run's place among its source's runs (the lineage judged is that one)."""
+    return judge_lineage(_lineage, config=_config)
 
 
 @st.cache_resource(max_entries=32, show_spinner=False)
@@ -123,11 +119,6 @@ def metric_names_cached(spec: str, fp: str) -> list[str]:
     """Every metric name the source logs (for the metric picker)."""
     read, _ = read_cached(spec, fp)
     return sorted({n for seg in read.segments for n in seg.series if not n.startswith("_")})
-
-
-def build_key(config: ScanConfig) -> str:
-    """The part of the configuration that shapes lineages (everything but the detector thresholds)."""
-    return config_key(dataclasses.replace(config, reference_reset=None))
 
 
 @dataclass
@@ -151,27 +142,29 @@ class Fleet:
 
 
 def load_fleet(specs: Sequence[str], *, config: ScanConfig, findings: bool = False, now: float | None = None) -> Fleet:
-    """Read (cached), stitch (cached) and judge (cached) every source; unreadable ones keep their error.
+    """Read (cached), then stitch and judge (cached) every source; unreadable ones keep their error.
 
     Without ``findings`` only the KL verdicts are computed (the fleet view); with it, everything the
-    CLI's report holds (the JSON export).
+    CLI's report holds (the JSON export): each run of the fleet judged again with its findings.
     """
-    config = dataclasses.replace(config, findings=findings and config.findings)
-    bkey, jkey = build_key(config), config_key(config)
+    fleet_config = dataclasses.replace(config, findings=False)
+    key = config_key(fleet_config)
     fps: dict[str, str] = {}
-    sources: list[SourceRead] = []
-    results: list[LineageResult] = []
+    parts: list[ScanResult] = []
     source_of: list[str] = []
     for spec in dict.fromkeys(specs):
         fp = fps[spec] = fingerprint(spec, now=now)
-        read, pattern = read_cached(spec, fp)
-        judged = results_cached(spec, fp, bkey, jkey, config)
-        if pattern and read.segments and not judged:  # a copy: the cached read stays as read
-            read = dataclasses.replace(read, errors=read.errors + [
-                SourceError(spec, f"{spec}: no training run matches #{pattern}")])
-        sources.append(read)
-        results.extend(judged)
-        source_of.extend([spec] * len(judged))
+        parts.append(scan_cached(spec, fp, key, fleet_config))
+        source_of.extend([spec] * len(parts[-1].results))
+    scan = ScanResult(sources=[s for p in parts for s in p.sources], results=[r for p in parts for r in p.results])
+    fleet = Fleet(scan=scan, keys=_unique_keys(scan.results, source_of), source_of=source_of, fingerprints=fps)
+    if findings and config.findings:
+        fleet.scan = ScanResult(sources=scan.sources, results=[judged_run(fleet, k, config=config) for k in fleet.keys])
+    return fleet
+
+
+def _unique_keys(results: Sequence[LineageResult], source_of: Sequence[str]) -> list[str]:
+    """The lineage id of each run, made unique across sources (``id@SOURCE``, then primes)."""
     keys: list[str] = []
     seen: Counter[str] = Counter(r.lineage.id for r in results)
     for r, spec in zip(results, source_of):
@@ -179,7 +172,7 @@ def load_fleet(specs: Sequence[str], *, config: ScanConfig, findings: bool = Fal
         while key in keys:
             key += "'"
         keys.append(key)
-    return Fleet(scan=ScanResult(sources=sources, results=results), keys=keys, source_of=source_of, fingerprints=fps)
+    return keys
 
 
 def judged_run(fleet: Fleet, key: str, *, config: ScanConfig) -> LineageResult:
@@ -188,13 +181,13 @@ def judged_run(fleet: Fleet, key: str, *, config: ScanConfig) -> LineageResult:
     result, spec = fleet.scan.results[i], fleet.source_of[i]
     if not config.findings:
         return result
-    full = run_cached(spec, fleet.fingerprints[spec], build_key(config), config_key(config), result.lineage.id, config)
-    return full if full is not None else result
+    position = fleet.source_of[:i].count(spec)
+    return run_cached(spec, fleet.fingerprints[spec], config_key(config), position, result.lineage, config)
 
 
 def clear_caches() -> None:
     """Forget every read (the Reload button): the next run reads every source again."""
-    for fn in (read_cached, lineages_cached, results_cached, run_cached, metric_names_cached):
+    for fn in (read_cached, scan_cached, run_cached, metric_names_cached):
         fn.clear()
 
 

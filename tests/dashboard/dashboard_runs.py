@@ -42,3 +42,20 @@ def write_fleet(root: Path) -> Path:
     write_run(root, name="grpo-resume-fixed", resumes=[41, 81], buggy=False, seed=2)
     write_run(root, name="grpo-continuous", resumes=[], buggy=False, seed=3)
     return root
+
+
+def write_paused_run(root: Path, *, name: str, pauses: list[int], steps: int = 120, seed: int = 0) -> Path:
+    """One process, one event file, pausing an hour before each step of ``pauses`` (pauses alike: the
+    run's routine, as evaluation is), its KL starting again from zero after each pause. Whether such a
+    pause is a restart only the KL can tell, so the detector thresholds decide it."""
+    from tensorboardX import SummaryWriter
+
+    rng = np.random.default_rng(seed)
+    writer = SummaryWriter(str(root / name), flush_secs=3600, max_queue=10_000)
+    for step in range(1, steps + 1):
+        k = sum(step >= p for p in pauses)
+        anchor = pauses[k - 1] - 1 if k else 0
+        kl = 0.05 * (1.0 - np.exp(-(step - anchor) / 30.0)) * float(np.exp(rng.normal(0.0, 0.05)))
+        writer.add_scalar("train/kl_penalty", kl, step, walltime=1_760_000_000.0 + step * 10.0 + k * 3_600.0)
+    writer.close()
+    return root / name

@@ -13,7 +13,7 @@ from klwatch.pipeline import ScanConfig, scan
 from klwatch.reference_reset import ReferenceResetConfig
 from klwatch.report import to_dict
 
-from dashboard_runs import write_fleet, write_run
+from dashboard_runs import write_fleet, write_paused_run, write_run
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +90,23 @@ def test_new_thresholds_rejudge_without_reading_again(tmp_path: Path) -> None:
     reread = data.load_fleet([spec], config=strict)
     assert any(s.error for r in reread.scan.results for s in r.lineage.segments) or any(
         s.errors for s in reread.scan.sources)
+
+
+def _verdicts(results: list) -> list[tuple[str, list[tuple[int, str]]]]:
+    return [(r.status, [(v.boundary.step, v.verdict) for v in r.verdicts]) for r in results]
+
+
+def test_moved_thresholds_give_what_the_cli_gives_even_where_stitching_depends_on_them(tmp_path: Path) -> None:
+    # Routine pauses inside one event file stay boundaries only where the thresholds judge the KL reset
+    # there: a slider moved must re-stitch too, whatever the cache holds from the thresholds before.
+    spec = str(write_paused_run(tmp_path, name="paused", pauses=[41, 81]).parent)
+    strict = ScanConfig(reference_reset=dataclasses.replace(ReferenceResetConfig(), min_low_points=10))
+    shown = {}
+    for name, config in (("default", ScanConfig()), ("strict", strict), ("default again", ScanConfig())):
+        shown[name] = _verdicts(data.load_fleet([spec], config=config).scan.results)
+        assert shown[name] == _verdicts(scan([spec], config=config).results)
+    assert shown["default"] == [("reference_reset", [(41, "reference_reset"), (81, "reference_reset")])]
+    assert shown["strict"] == [("ok", [])]  # not a restart under these thresholds: no boundary at all
 
 
 def test_an_unreadable_source_keeps_its_error_and_the_others_load(fleet_dir: Path, tmp_path: Path) -> None:
