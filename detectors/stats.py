@@ -9,6 +9,8 @@ it costs every CLI start most of a second.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from scipy.special import gammaln
 
@@ -63,3 +65,13 @@ def last_per_step(s: Series) -> Series:
     keep.sort()
     out = s.take(keep)
     return out.take(np.argsort(out.steps, kind="stable"))
+
+
+def pooled_diff_noise(parts: Sequence[np.ndarray]) -> float:
+    """``diff_noise`` pooled over the pieces of a run, never differencing across a boundary (a resume
+    may jump): the first differences of each piece's finite values (pieces of three points or more),
+    their robust sigma, scaled to one point. NaN when no piece is long enough."""
+    d = [np.diff(p[np.isfinite(p)]) for p in parts if len(p) > 2]
+    if not d:
+        return float("nan")
+    return robust_sigma(np.concatenate(d)) / FIRST_DIFF_SCALE

@@ -116,17 +116,6 @@ def log_interval(parts: Sequence[Series | None]) -> int:
     return max(1, int(np.median(d))) if len(d) else 1
 
 
-def pooled_diff_noise(parts: Sequence[np.ndarray]) -> float:
-    """The step-to-step noise of a series, robust to trends and spikes, pooled over pieces (never
-    differencing across a boundary): the MAD of first differences around their median, scaled to a
-    Gaussian sigma of one point (a difference adds two noises)."""
-    d = [np.diff(p[np.isfinite(p)]) for p in parts if len(p) > 2]
-    if not d:
-        return float("nan")
-    dd = np.concatenate(d)
-    return float(np.median(np.abs(dd - np.median(dd))) * 1.4826 / np.sqrt(2.0))
-
-
 def fmt(x: float | None) -> str:
     """Numbers in messages: three significant digits."""
     if x is None or not np.isfinite(x):

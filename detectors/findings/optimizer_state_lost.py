@@ -47,7 +47,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ..model import Boundary, Finding, Lineage, LineageResult, Series
 from ..metrics import GRAD_NORM, LOSS, LR, MetricFamily, find_metric
-from .base import FindingDetector, before_after, fmt, history, piece_series, pooled_diff_noise
+from ..stats import pooled_diff_noise
+from .base import FindingDetector, before_after, fmt, history, piece_series
 
 APPROX_KL = MetricFamily(
     names=("actor/ppo_kl", "ppo_kl", "train/approxkl", "approxkl", "policy/approxkl_avg", "train/approx_kl",

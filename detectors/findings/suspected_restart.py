@@ -63,7 +63,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ..declarations import reference_schedules, touched_steps
 from ..model import Finding, Lineage, LineageResult, Series
 from ..metrics import COUNTERS, GRAD_NORM, KL_COEF, LOSS, LR, MetricFamily, find_metrics, kl_candidates
-from .base import FindingDetector, fmt, pooled_diff_noise
+from ..stats import pooled_diff_noise
+from .base import FindingDetector, fmt
 
 KL, ENTROPY, REWARD = "kl", "entropy", "reward"
 STATE_FAMILIES = (KL, ENTROPY, "loss", "grad_norm", REWARD)
