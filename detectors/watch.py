@@ -76,7 +76,7 @@ def watch_pass(specs: list[str], *, config: ScanConfig, cache: LocalReadCache, s
 
 
 class _Stop(Exception):
-    pass
+    """SIGTERM, raised inside the poll loop so the state file is closed on the way out."""
 
 
 def _stop(signum: int, frame: Any) -> None:
@@ -103,13 +103,36 @@ def watch_command(
     if not sources:
         err.print("[red]error[/] give at least one SOURCE")
         raise typer.Exit(EXIT_USAGE)
-    urls = list(webhook or [])
+    sinks = _sinks(list(webhook or []))
+    config = options.config(findings=False)
+    state = _open_state(state_path, sinks)
+    if not once:
+        signal.signal(signal.SIGTERM, _stop)
+        err.print(f"klwatch watch: {len(sources)} source(s) every {every:g}s; state {state_path}; alerts to "
+                  + ", ".join(s.label for s in sinks), highlight=False)
+    code = EXIT_OK
+    try:
+        code = _poll(list(sources), config=config, state=state, sinks=sinks, dashboard_url=dashboard_url,
+                     every=every, once=once, verbose=verbose)
+    except (KeyboardInterrupt, _Stop):
+        pass
+    finally:
+        state.close()
+    raise typer.Exit(code)
+
+
+def _sinks(urls: list[str]) -> list[Sink]:
+    """stdout, then each distinct webhook; a URL that is not http(s) is a usage error (shown redacted)."""
     for u in urls:
         if not u.startswith(("http://", "https://")):
             err.print("[red]error[/] " + escape(f"--webhook must be an http(s) URL, not {redact_url(u)!r}"), highlight=False)
             raise typer.Exit(EXIT_USAGE)
-    config = options.config(findings=False)
-    sinks = [Sink.stdout()] + [Sink.webhook(u) for u in dict.fromkeys(urls)]
+    return [Sink.stdout()] + [Sink.webhook(u) for u in dict.fromkeys(urls)]
+
+
+def _open_state(state_path: Path, sinks: list[Sink]) -> AlertState:
+    """The state file, or exit 2 when another watcher holds it or it is not a usable SQLite file;
+    warns of deliveries left pending for webhooks not given this time (they are kept, not dropped)."""
     try:
         state = AlertState(state_path)
     except StateLocked as exc:
@@ -122,33 +145,33 @@ def watch_command(
     if orphaned:
         err.print(f"[yellow]warning[/] {orphaned} alert delivery(ies) pending for webhook(s) not given this time; "
                   "they are kept in the state file until a watcher with that --webhook delivers them", highlight=False)
+    return state
+
+
+def _poll(specs: list[str], *, config: ScanConfig, state: AlertState, sinks: list[Sink], dashboard_url: str | None,
+          every: float, once: bool, verbose: bool) -> int:
+    """Pass after pass, ``every`` seconds apart start to start; with ``once``, one pass and its exit code."""
     cache = LocalReadCache()
     shown_errors: set[str] = set()
-    if not once:
-        signal.signal(signal.SIGTERM, _stop)
-        err.print(f"klwatch watch: {len(sources)} source(s) every {every:g}s; state {state_path}; alerts to "
-                  + ", ".join(s.label for s in sinks), highlight=False)
-    code = EXIT_OK
-    try:
-        while True:
-            started = time.monotonic()
-            report = watch_pass(list(sources), config=config, cache=cache, state=state, sinks=sinks,
-                                dashboard_url=dashboard_url, out=sys.stdout, respect_backoff=not once)
-            _show_errors(report.result, shown_errors)
-            if verbose:
-                _show_pass(report, state)
-            if once:
-                if report.result.nothing_read:
-                    code = EXIT_USAGE
-                elif report.result.any_error or state.pending():
-                    code = EXIT_UNREADABLE
-                break
-            time.sleep(max(0.0, every - (time.monotonic() - started)))
-    except (KeyboardInterrupt, _Stop):
-        pass
-    finally:
-        state.close()
-    raise typer.Exit(code)
+    while True:
+        started = time.monotonic()
+        report = watch_pass(specs, config=config, cache=cache, state=state, sinks=sinks,
+                            dashboard_url=dashboard_url, out=sys.stdout, respect_backoff=not once)
+        _show_errors(report.result, shown_errors)
+        if verbose:
+            _show_pass(report, state)
+        if once:
+            return _once_exit_code(report.result, state)
+        time.sleep(max(0.0, every - (time.monotonic() - started)))
+
+
+def _once_exit_code(result: ScanResult, state: AlertState) -> int:
+    """2 when nothing was readable; 3 when something was not, or an alert is still undelivered."""
+    if result.nothing_read:
+        return EXIT_USAGE
+    if result.any_error or state.pending():
+        return EXIT_UNREADABLE
+    return EXIT_OK
 
 
 def _warn(message: str) -> None:
@@ -157,15 +180,14 @@ def _warn(message: str) -> None:
 
 def _show_errors(result: ScanResult, shown: set[str]) -> None:
     """Each unreadable source or run once (not at every poll)."""
-    msgs = [e.message for s in result.sources for e in s.errors]
-    msgs += [f"{r.lineage.name}: {r.error}" for r in result.results if r.error]
-    for m in msgs:
+    for m in result.unreadable:
         if m not in shown:
             shown.add(m)
             err.print("[red]error[/] " + escape(f"{m}"), highlight=False)
 
 
 def _show_pass(report: PassReport, state: AlertState) -> None:
+    """The --verbose line: what one poll read, judged and alerted, and what is still pending."""
     read = sum(s.read for s in report.read_stats.values())
     reused = sum(s.reused for s in report.read_stats.values())
     judged = sum(len(r.verdicts) for r in report.result.results)
