@@ -16,7 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from klwatch.downsample import minmax_indices
-from klwatch.metrics import is_negated
+from klwatch.metrics import ENTROPY, GRAD_NORM, LOSS, LR, REWARD, MetricFamily, find_metric, is_negated
 from klwatch.model import LineageResult, Series
 from klwatch.reference_reset import ReferenceResetConfig
 from klwatch.report import lineage_dict
@@ -33,29 +33,22 @@ MAX_POINTS = 4_000
 WEBGL_ABOVE = 2_000
 """Total points in a figure above which traces are drawn with WebGL (Scattergl)."""
 
-# Other series worth seeing under the KL, matched loosely on the last part of the name.
-LINKED_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("loss", re.compile(r"(^|[_/.\-])(loss|pg_loss|policy_loss|actor_loss)$", re.I)),
-    ("reward", re.compile(r"(reward|score)s?([_/.\-](mean|avg))?$", re.I)),
-    ("learning rate", re.compile(r"(^|[_/.\-])(lr|learning_rate|learning-rate|learningrate)(_\w+)?$", re.I)),
-    ("grad norm", re.compile(r"grad(ient)?[_\-]?norm", re.I)),
-    ("entropy", re.compile(r"entropy", re.I)),
-)
+LINKED_FAMILIES: tuple[MetricFamily, ...] = (LOSS, REWARD, LR, GRAD_NORM, ENTROPY)
+"""Other series worth seeing under the KL, in panel order."""
 
 
 def pick_linked_metrics(names: Sequence[str], *, exclude: Sequence[str] = ()) -> list[str]:
-    """One series per kind (loss, reward, learning rate, grad norm, entropy) when the run logs it.
+    """One series per family (loss, reward, learning rate, grad norm, entropy) when the run logs it.
 
-    Names are matched loosely (``train/loss``, ``actor/pg_loss``, ``optim/lr``, ``grad_norm``,
-    ``actor/entropy``); among several, the shortest name wins (the headline, not a breakdown). KL
-    series and bookkeeping series (``_runtime``) are never picked.
+    Found through the naming module, as every detector finds its series: the family's best-ranked
+    name (``train/loss`` over ``val/loss``; ``actor/pg_loss``, ``optim/lr``, ``critic/score/mean``).
+    KL series and bookkeeping series (``_runtime``) are never picked.
     """
     chosen: list[str] = []
-    pool = [n for n in names if not n.startswith("_") and n not in exclude and "kl" not in n.lower()]
-    for _, pattern in LINKED_KINDS:
-        matches = [n for n in pool if pattern.search(n) and n not in chosen]
-        if matches:
-            chosen.append(min(matches, key=lambda n: (len(n), n)))
+    for family in LINKED_FAMILIES:
+        name = find_metric([n for n in names if n not in exclude and n not in chosen], family=family)
+        if name is not None:
+            chosen.append(name)
     return chosen
 
 

@@ -99,6 +99,14 @@ def test_linked_panels_are_picked_loosely_by_kind() -> None:
     assert charts.pick_linked_metrics(["train/kl_penalty", "perf/tokens"]) == []
 
 
+def test_linked_panels_are_the_series_the_metric_families_rank_first() -> None:
+    # the training curves, not the validation ones; no value-head loss, no KL coefficient, no KL
+    names = ["val/loss", "train/loss", "critic/vf_loss", "eval/reward", "train/reward", "lr-Adam", "train/kl_coef",
+             "kl/loss", "train/kl"]
+    assert charts.pick_linked_metrics(names, exclude=["train/kl"]) == ["train/loss", "train/reward", "lr-Adam"]
+    assert charts.pick_linked_metrics(["critic/vf_loss", "val/loss", "reward_std", "kl_coef"]) == []
+
+
 def test_fleet_picture_puts_each_boundary_at_its_score_and_kl_ratio() -> None:
     points = pd.DataFrame([
         {"key": "a", "run": "a", "step": 41, "verdict": "reference_reset", "score": 0.99, "kl_before": 0.04,
