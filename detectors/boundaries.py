@@ -24,6 +24,10 @@ import numpy as np
 from .model import Boundary, Evidence, Segment, Series
 
 
+RUNTIME_DROP_SECONDS = 1e-6
+"""A logged runtime that goes back by more than this restarted its clock (a new process)."""
+
+
 @dataclass(frozen=True)
 class BoundaryConfig:
     """How big a clock gap must be to count as a restart."""
@@ -112,7 +116,7 @@ def find_cuts(spine: Series, runtime: Series | None, *, config: BoundaryConfig,
         notable = np.nonzero(d > threshold / config.pause_family_ratio)[0] + 1
         pauses = _pause_family(gaps, d[gaps - 1], among=d[notable - 1], ratio=config.pause_family_ratio)
     if runtime is not None and len(runtime) > 1 and spine.wall_times is not None and runtime.wall_times is not None:
-        drops = np.nonzero(np.diff(runtime.values) < -1e-6)[0] + 1
+        drops = np.nonzero(np.diff(runtime.values) < -RUNTIME_DROP_SECONDS)[0] + 1
         for j in drops:
             t = runtime.wall_times[j]
             i = int(np.searchsorted(spine.wall_times, t, side="left"))

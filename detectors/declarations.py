@@ -36,6 +36,8 @@ PERIOD_ALIASES = ("reference_reset_interval", "ref_update_interval")
 OWN_KEYS = ("reference_reset_offset", "reference_reset_steps", "reference_reset_on_resume", "reference_mixup_alpha")
 FULL_RESET_ALPHA = 0.99
 """A mixing weight at or above this replaces the reference outright."""
+WHOLE_NUMBER_TOLERANCE = 1e-9
+"""A period logged as a float (``512.0``) is a whole number of steps within this."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,7 @@ def _number(value: object) -> float | None:
 
 def _period(value: object) -> int | None:
     v = _number(value)
-    return int(round(v)) if v is not None and v >= 1 and abs(v - round(v)) < 1e-9 else None
+    return int(round(v)) if v is not None and v >= 1 and abs(v - round(v)) < WHOLE_NUMBER_TOLERANCE else None
 
 
 def _steps(value: object) -> tuple[int, ...]:

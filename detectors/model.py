@@ -124,13 +124,17 @@ class Segment:
         return self.start_time
 
 
+BULK_MIN_POINTS, BULK_MIN_SHARE = 3, 0.1
+"""A series carries the training when it has at least this many points and this share of the longest's."""
+
+
 def _bulk(series: dict[str, Series]) -> list[Series]:
     """The series that carry the training: logged at many steps, not one-shot setup or summary keys."""
     keys = [s for n, s in series.items() if not n.startswith("_") and len(s)]
     if not keys:
         return []
     longest = max(len(s) for s in keys)
-    return [s for s in keys if len(s) >= max(3, 0.1 * longest)] or keys
+    return [s for s in keys if len(s) >= max(BULK_MIN_POINTS, BULK_MIN_SHARE * longest)] or keys
 
 
 def extent_of(series: dict[str, Series], *, prefer: tuple[str, ...] = ()) -> tuple[int | None, int | None]:

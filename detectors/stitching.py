@@ -37,6 +37,10 @@ _LAUNCH_FOLDER = re.compile(r"^([A-Za-z]*[-_.]?)?\d+$|^[A-Z][a-z]{2}\d{2}_\d{2}-
                             r"(resume|restart|retry|relaunch|attempt|launch|try)", re.I)
 
 
+OVERLAP_SLACK_SECONDS = 1e-6
+"""Two tracker runs overlap in time (two processes at once, never one resumed) by more than this."""
+
+
 @dataclass(frozen=True)
 class StitchConfig:
     """Overrides: group by a config/tag key, or an explicit mapping of lineage name -> member globs."""
@@ -162,7 +166,7 @@ def _split_chain(segs: list[Segment], *, explicit: bool, shapes: dict[int, _Shap
             s_start, _ = _span(seg)
             # a W&B/MLflow run resumed in place keeps its id; event files share their folder's id
             new_run = seg.run_id != last.run_id or seg.kind == "tensorboard"
-            overlaps = new_run and l_end is not None and s_start is not None and s_start < l_end - 1e-6
+            overlaps = new_run and l_end is not None and s_start is not None and s_start < l_end - OVERLAP_SLACK_SECONDS
             # the run's own logging interval: a fresh run logs on its grid from its first step
             over = new_run and starts_over(sh.first, run_first, shapes[id(chain[0])].every)
             if overlaps or over or not configs_agree(last.config, seg.config):
