@@ -27,7 +27,7 @@ class ReadStats:
     read: int = 0
     reused: int = 0
     full: bool = False
-    """True when the source was read in full (remote, or a local source the cache cannot split)."""
+    """True when the source was read in full (a remote one: its reader has no incremental form)."""
 
 
 def _stat(p: Path) -> tuple[int, int]:
@@ -89,11 +89,7 @@ class LocalReadCache:
         if spec.startswith(("wandb://", "mlflow://", "mlflow+http://", "mlflow+https://")):
             self.stats[spec] = ReadStats(full=True)
             return read_source(spec)
-        try:
-            return self._read_local(spec)
-        except ImportError:  # a reader this build lacks: let the ordinary path say so
-            self.stats[spec] = ReadStats(full=True)
-            return read_source(spec)
+        return self._read_local(spec)
 
     def _read_local(self, spec: str) -> SourceRead:
         """``read_local`` itself, with each unit whose fingerprint is unchanged served from the cache."""
