@@ -43,6 +43,12 @@ def robust_sigma(x: np.ndarray) -> float:
     return mad(x) * MAD_TO_SIGMA
 
 
+def robust_sigma_about_zero(x: np.ndarray) -> float:
+    """``robust_sigma`` for a quantity whose centre is known to be 0 (the differences of a smooth curve):
+    ``MAD_TO_SIGMA`` x the median of |x|, so a steady trend in the differences counts as noise too."""
+    return float(np.median(np.abs(x))) * MAD_TO_SIGMA
+
+
 def diff_noise(x: np.ndarray) -> float:
     """The noise of one point from its step-to-step differences: robust to a trend (differencing
     removes it) and to spikes (the MAD ignores them)."""

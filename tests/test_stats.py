@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from klwatch.stats import FIRST_DIFF_SCALE, diff_noise, pooled_diff_noise
+from klwatch.stats import FIRST_DIFF_SCALE, diff_noise, pooled_diff_noise, robust_sigma, robust_sigma_about_zero
 
 
 def test_pooled_diff_noise_never_differences_across_a_piece_boundary():
@@ -29,3 +29,16 @@ def test_pooled_diff_noise_skips_non_finite_values_and_pieces_of_two_points():
 def test_pooled_diff_noise_is_nan_without_a_piece_of_three_points():
     assert np.isnan(pooled_diff_noise([]))
     assert np.isnan(pooled_diff_noise([np.array([1.0, 2.0])]))
+
+
+def test_robust_sigma_about_zero_measures_spread_around_zero_not_around_the_median():
+    x = np.array([1.0, 1.0, 1.0, 1.0, -1.0])
+    assert robust_sigma(x) == pytest.approx(0.0)  # around its median (1) most points do not deviate
+    assert robust_sigma_about_zero(x) == pytest.approx(1.4826)
+
+
+def test_robust_sigma_about_zero_ignores_one_spike():
+    rng = np.random.default_rng(1)
+    x = rng.normal(0.0, 0.5, 2000)
+    x[7] = 1e6
+    assert robust_sigma_about_zero(x) == pytest.approx(0.5, rel=0.1)

@@ -25,9 +25,9 @@ from numpy.lib.stride_tricks import sliding_window_view
 from scipy.special import expit, logsumexp
 
 from ..model import Boundary, Finding, LineageResult, Series
-from ..reference_reset import t_logpdf
 from ..declarations import config_mentions
 from ..metrics import LR, MetricFamily, find_metric
+from ..stats import SECOND_DIFF_SCALE, robust_sigma_about_zero, t_logpdf
 from .base import FindingDetector, fmt, log_interval, opening, piece_series, resumes_with_history
 
 
@@ -128,12 +128,12 @@ class LrScheduleRestart(FindingDetector[LrScheduleRestartConfig]):
 
 
 def _noise(logs: list[np.ndarray], floor: float) -> float:
-    """Jitter of log LR around its local trend (second differences), pooled over pieces."""
+    """Jitter of log LR around its local trend (second differences, whose centre is 0 for a smooth
+    schedule), pooled over pieces, never under ``floor``."""
     dd = [np.diff(x, n=2) for x in logs if len(x) > 3]
     if not dd:
         return floor
-    d = np.concatenate(dd)
-    return max(floor, float(np.median(np.abs(d)) * 1.4826 / np.sqrt(6.0)))
+    return max(floor, robust_sigma_about_zero(np.concatenate(dd)) / SECOND_DIFF_SCALE)
 
 
 def _continue(hist: Series, steps: np.ndarray) -> np.ndarray:
