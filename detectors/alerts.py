@@ -16,8 +16,6 @@ import base64
 import json
 import re
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlencode, urlsplit, urlunsplit
@@ -211,6 +209,9 @@ def post_webhook(url: str, payload: dict[str, Any], *, key: str, attempts: int =
     Any 2xx is delivered. Other 4xx answers are not retried here (the watcher retries them later,
     with its longer backoff, in case the receiver is being fixed).
     """
+    import urllib.error  # with http.client and email, only when an alert is sent, not at every CLI start
+    import urllib.request
+
     body = json.dumps(payload).encode()
     target, headers = _split_userinfo(url)
     headers.update({"Content-Type": "application/json", ALERT_KEY_HEADER: key, "User-Agent": "klwatch"})

@@ -61,6 +61,19 @@ def alerts_in(state: Path) -> list[tuple]:
         con.close()
 
 
+# ------------------------------------------------------------------------------------------ startup
+
+
+def test_registering_the_command_imports_no_heavy_module_until_it_runs():
+    """cli.py imports klwatch.watch at every CLI start: trackers' clients, dataframes, the dashboard
+    stack and the HTTP client must wait until a watcher actually reads or alerts."""
+    heavy = ["requests", "scipy.stats", "pandas", "streamlit", "plotly", "wandb", "mlflow", "urllib.request",
+             "http.client"]
+    code = f"import sys, klwatch.watch; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, cwd=REPO, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 # ---------------------------------------------------------------------------------- state, passes
 
 
