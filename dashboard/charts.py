@@ -16,10 +16,9 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from klwatch.downsample import minmax_indices
-from klwatch.metrics import ENTROPY, GRAD_NORM, LOSS, LR, REWARD, MetricFamily, find_metric, is_negated
+from klwatch.metrics import ENTROPY, GRAD_NORM, LOSS, LR, REWARD, MetricFamily, find_metric
 from klwatch.model import LineageResult, Series
 from klwatch.reference_reset import ReferenceResetConfig
-from klwatch.report import lineage_dict
 
 VERDICT_COLORS = {"reference_reset": "#d62728", "ok": "#2ca02c", "intentional": "#1f77b4", "inconclusive": "#ff9f1c"}
 STATUS_COLORS = {**VERDICT_COLORS, "error": "#7f0000", "no_kl_metric": "#8c8c8c", "kl_disabled": "#b0b0b0",
@@ -98,7 +97,8 @@ def run_figure(result: LineageResult, *, linked: Sequence[str] = (), max_points:
     metric = result.metric or lin.kl_metric
     panels = ([metric] if metric else []) + [m for m in linked if m != metric]
     rows = max(1, len(panels))
-    titles = [(f"−{p} (logged negated)" if i == 0 and p == metric and is_negated(p) else p) for i, p in enumerate(panels)]
+    titles = [(f"−{p} (logged negated)" if i == 0 and p == lin.kl_metric and lin.kl_negated else p)
+              for i, p in enumerate(panels)]
 
     # Panel domains, top to bottom: the KL gets the most room.
     gap = 0.045 if rows > 1 else 0.0
@@ -123,12 +123,11 @@ def run_figure(result: LineageResult, *, linked: Sequence[str] = (), max_points:
     webgl = total > webgl_above
     thinned = False
     for row, m in enumerate(panels, start=1):
-        for i, piece in enumerate(lin.pieces):
-            s = piece.get(m)
+        # the KL as a distance (a KL logged negated flipped back), every other series as logged
+        series = lin.kl_pieces() if m == lin.kl_metric else [p.get(m) for p in lin.pieces]
+        for i, s in enumerate(series):
             if s is None or not len(s):
                 continue
-            if m == metric and is_negated(m):
-                s = Series(s.steps, -s.values, s.wall_times)
             drawn = _thin(s, max_points)
             thinned |= len(drawn) < len(s)
             seg_i = lin.piece_segments[i] if i < len(lin.piece_segments) else 0
@@ -142,18 +141,18 @@ def run_figure(result: LineageResult, *, linked: Sequence[str] = (), max_points:
         {"text": t, "x": 0.0, "xref": "paper", "xanchor": "left", "y": domains[r][1], "yref": "paper",
          "yanchor": "bottom", "showarrow": False, "font": {"size": 12, "color": "#444"}}
         for r, t in enumerate(titles)]
-    for k, b in enumerate(lineage_dict(result)["boundaries"]):
-        color = VERDICT_COLORS.get(b["verdict"], "#555")
-        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": b["step"], "x1": b["step"], "y0": 0, "y1": 1,
+    for k, v in enumerate(sorted(result.verdicts, key=lambda v: v.boundary.step)):
+        step = int(v.boundary.step)
+        color = VERDICT_COLORS.get(v.verdict, "#555")
+        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": step, "x1": step, "y0": 0, "y1": 1,
                        "line": {"color": color, "width": 2, "dash": "dash"}, "layer": "above"})
-        label = f"{VERDICT_LABELS.get(b['verdict'], b['verdict'])} {b['score']:.2f}"
-        annotations.append({"x": b["step"], "xref": "x", "y": 1.0 + (0.07 if k % 2 else 0.0),
+        label = f"{VERDICT_LABELS.get(v.verdict, v.verdict)} {v.score:.2f}"
+        annotations.append({"x": step, "xref": "x", "y": 1.0 + (0.07 if k % 2 else 0.0),
                             "yref": "y domain" if panels else "paper", "text": f"<b>{label}</b>", "showarrow": False,
                             "yanchor": "bottom", "font": {"color": "white", "size": 11}, "bgcolor": color,
-                            "borderpad": 2, "hovertext": f"step {b['step']}: {b['explanation']}"})
+                            "borderpad": 2, "hovertext": f"step {step}: {v.explanation}"})
         if panels and panels[0] == metric:
-            for window, fill in ((b.get("window_before"), "rgba(120,120,120,0.14)"),
-                                 (b.get("window_after"), _rgba(color, 0.16))):
+            for window, fill in ((v.window_before, "rgba(120,120,120,0.14)"), (v.window_after, _rgba(color, 0.16))):
                 if window:
                     lo, hi = window
                     if lo == hi:

@@ -72,6 +72,21 @@ def _one_long_piece(n: int, drop_at: int) -> LineageResult:
     return LineageResult(lin, "kl", "ok")
 
 
+def test_a_kl_logged_negated_is_drawn_as_the_distance_it_is() -> None:
+    steps = np.arange(1, 61)
+    kl = Series(steps, -0.05 * (1 - np.exp(-steps / 10.0)), 1.7e9 + steps * 2.0)
+    reward = Series(steps, -0.5 + steps / 100.0, 1.7e9 + steps * 2.0)
+    name = "ppo_actor/kl_rewards/avg"  # OpenRLHF logs the KL as a (negative) reward term
+    seg = Segment(kind="table", ref="run.csv", source="x", series={name: kl, "reward": reward})
+    lin = Lineage(id="neg", name="neg", segments=[seg], pieces=[{name: kl, "reward": reward}], piece_segments=[0],
+                  kl_metric=name, kl_negated=True)
+    fig = charts.run_figure(LineageResult(lin, name, "ok"), linked=["reward"])
+    drawn_kl, drawn_reward = fig.data
+    assert np.all(np.asarray(drawn_kl.y) >= 0) and np.max(drawn_kl.y) == pytest.approx(0.05 * (1 - np.exp(-6.0)))
+    assert list(drawn_reward.y) == pytest.approx(list(reward.values))  # only the KL is flipped back
+    assert fig.layout.annotations[0].text == f"−{name} (logged negated)"
+
+
 def test_a_long_series_is_thinned_with_min_max_and_drawn_with_webgl_keeping_the_drop() -> None:
     n, drop = 200_000, 123_457
     fig = charts.run_figure(_one_long_piece(n, drop), max_points=2_000)
