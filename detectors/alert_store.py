@@ -38,10 +38,12 @@ class Sink:
 
     @staticmethod
     def stdout() -> "Sink":
+        """The console sink: every watcher has it, so its deliveries never wait for another one."""
         return Sink("stdout", "stdout")
 
     @staticmethod
     def webhook(url: str) -> "Sink":
+        """A webhook sink known by a hash of its URL, so the state file never holds the secret."""
         return Sink("webhook:" + hashlib.sha256(url.encode()).hexdigest()[:16], redact_url(url), url)
 
 
@@ -105,6 +107,7 @@ class AlertState:
 
     @staticmethod
     def _take_lock(path: Path) -> Any:
+        """An exclusive ``flock`` held for the watcher's life (None where the platform has no flock)."""
         try:
             import fcntl
         except ImportError:  # no flock on this platform: rely on SQLite's own locking
@@ -119,6 +122,7 @@ class AlertState:
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction: the whole change or, on any error or kill, none of it."""
         self.db.execute("BEGIN IMMEDIATE")
         try:
             yield self.db
@@ -128,6 +132,7 @@ class AlertState:
         self.db.execute("COMMIT")
 
     def close(self) -> None:
+        """Close the database, then release the lock for the next watcher."""
         self.db.close()
         if self._lock is not None:
             self._lock.close()
@@ -154,11 +159,13 @@ class AlertState:
         return [PendingDelivery(r[0], Alert.from_json(r[1]), r[2], r[3]) for r in rows]
 
     def mark_delivered(self, d: PendingDelivery, *, attempts: int, now: float) -> None:
+        """The sink accepted it: never sent to that sink again."""
         with self._tx() as db:
             db.execute("UPDATE deliveries SET status='delivered', attempts=attempts+?, delivered_at=?, last_error=NULL "
                        "WHERE alert_id=? AND sink=?", (attempts, now, d.alert_id, d.sink_id))
 
     def mark_failed(self, d: PendingDelivery, *, attempts: int, error: str, next_at: float) -> None:
+        """Still pending, not before ``next_at``; ``error`` must already be scrubbed of secrets."""
         with self._tx() as db:
             db.execute("UPDATE deliveries SET attempts=attempts+?, last_error=?, next_attempt_at=? "
                        "WHERE alert_id=? AND sink=?", (attempts, error, next_at, d.alert_id, d.sink_id))

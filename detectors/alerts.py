@@ -4,8 +4,8 @@ A webhook URL is a credential (Slack's ``hooks.slack.com/services/T../B../XXXX``
 token), so nothing here ever prints one: every URL shown to a person goes through ``redact_url``,
 and every error message is scrubbed of the raw URL before it leaves this module.
 
-Delivery is at-least-once with backoff; the watcher (``klwatch.watch``) keeps what is still
-pending in its state file, so a failed delivery is retried across restarts. Each POST carries an
+Delivery is at-least-once with backoff; the watcher's state (``klwatch.alert_store``) keeps what
+is still pending in its file, so a failed delivery is retried across restarts. Each POST carries an
 ``X-Klwatch-Alert-Key`` header that stays the same for every retry of one alert, so a receiver can
 drop the duplicate that a crash between "receiver said 200" and "state recorded it" would cause.
 """
@@ -107,6 +107,7 @@ class Alert:
 
     @property
     def key(self) -> str:
+        """The receiver's de-duplication key (``X-Klwatch-Alert-Key``), the same for every retry."""
         return f"{self.lineage_id}@{self.step}:{self.verdict}"
 
     def to_json(self) -> str:
@@ -118,6 +119,7 @@ class Alert:
 
 
 def alert_from_verdict(result: LineageResult, verdict: BoundaryVerdict, *, source: str) -> Alert:
+    """The alert for one judged boundary: plain values only, so it round-trips through the state file."""
     b = verdict.boundary
     return Alert(lineage_id=result.lineage.id, run=result.lineage.name, step=int(b.step),
                  resumed_from_step=None if b.resumed_from_step is None else int(b.resumed_from_step),
@@ -135,6 +137,7 @@ def dashboard_link(base: str | None, lineage_id: str) -> str | None:
 
 
 def _g(x: float | None) -> str:
+    """A KL value as people read it in a one-line alert (3 significant digits, ``-`` when unknown)."""
     return "-" if x is None else f"{x:.3g}"
 
 

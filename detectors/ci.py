@@ -14,7 +14,6 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Optional
-from xml.etree import ElementTree as ET
 
 import numpy as np
 import typer
@@ -215,33 +214,8 @@ def step_summary(result: ScanResult, found: list[Problem]) -> str:
 
 
 def junit_with_findings(result: ScanResult, found: list[Problem]) -> str:
-    """``report.junit_xml``, plus a failure on a run's test case for its failing findings."""
-    xml = junit_xml(result)
-    by_run: dict[int, list[Problem]] = {}
-    for p in found:
-        if p.finding is not None:
-            by_run.setdefault(id(p.result), []).append(p)
-    if not by_run:
-        return xml
-    suite = ET.fromstring(xml)
-    cases = suite.findall("testcase")
-    added = 0
-    for r, case in zip(result.results, cases):  # junit_xml writes one case per result, in order
-        mine = by_run.get(id(r))
-        if not mine:
-            continue
-        if case.find("failure") is None:
-            for skip in case.findall("skipped"):
-                case.remove(skip)
-            f = ET.Element("failure", type="finding",
-                           message="; ".join(problem_line(p) for p in mine))
-            case.insert(0, f)
-            added += 1
-        else:
-            case.find("failure").text = (case.find("failure").text or "") + "\n" + "\n".join(problem_line(p) for p in mine)  # type: ignore[union-attr]
-    suite.set("failures", str(int(suite.get("failures", "0")) + added))
-    suite.set("skipped", str(len(suite.findall("testcase/skipped"))))
-    return ET.tostring(suite, encoding="unicode", xml_declaration=True)
+    """``report.junit_xml`` with a failure on a run's test case for each of its failing findings."""
+    return junit_xml(result, finding_failures=[(p.result, problem_line(p)) for p in found if p.finding is not None])
 
 
 # ------------------------------------------------------------------------------------ command

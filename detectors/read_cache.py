@@ -31,6 +31,7 @@ class ReadStats:
 
 
 def _stat(p: Path) -> tuple[int, int]:
+    """(size, mtime in ns), or (-1, -1) for a file gone between listing and stat: gone is a change too."""
     try:
         st = p.stat()
         return st.st_size, st.st_mtime_ns
@@ -97,6 +98,7 @@ class LocalReadCache:
         live: set[tuple[str, str, str]] = set()
 
         def cached_read_unit(unit: Unit, *, root: Path, spec: str) -> UnitRead:
+            """``read_unit``, or its cached result when the unit's files have not changed."""
             key = (spec, unit.kind, str(unit.path))
             live.add(key)
             fp = _fingerprint(unit)

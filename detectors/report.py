@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
 from xml.etree import ElementTree as ET
 
@@ -159,35 +160,59 @@ def render_markdown(result: ScanResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def junit_xml(result: ScanResult) -> str:
-    """JUnit XML: one test case per training run, failing on a reference reset, erroring when unreadable."""
+JUNIT_SKIPPED_STATUSES = ("no_kl_metric", "kl_disabled", "insufficient_data")
+"""Statuses whose test case is skipped: there was nothing to judge, which is neither a pass nor a failure."""
+
+
+def junit_xml(result: ScanResult, *, finding_failures: Sequence[tuple[LineageResult, str]] = ()) -> str:
+    """JUnit XML: one test case per training run, failing on a reference reset, erroring when unreadable.
+
+    ``finding_failures`` are (run, line) pairs for error findings a check gates on (``check
+    --fail-on``): they fail that run's case too, built in the same pass as the rest of the suite."""
+    lines_of: dict[int, list[str]] = {}
+    for r, line in finding_failures:
+        lines_of.setdefault(id(r), []).append(line)
     suite = ET.Element("testsuite", name="klwatch", tests=str(len(result.results)))
-    failures = errors = skipped = 0
+    counts = {"failure": 0, "error": 0, "skipped": 0}
     for r in result.results:
-        case = ET.SubElement(suite, "testcase", classname=f"klwatch.{r.lineage.segments[0].kind if r.lineage.segments else 'run'}",
-                             name=r.lineage.name)
-        if r.status == "reference_reset":
-            failures += 1
-            bad = [v for v in r.verdicts if v.verdict == "reference_reset"]
-            msg = "; ".join(f"step {v.boundary.step}: KL {_fmt(v.kl_before)} -> {_fmt(v.kl_after)}, score {v.score:.2f}" for v in bad)
-            f = ET.SubElement(case, "failure", message=f"reference reset at {len(bad)} resume(s): {msg}", type="reference_reset")
-            f.text = "\n".join(v.explanation for v in bad)
-        elif r.status == "error":
-            errors += 1
-            ET.SubElement(case, "error", message=r.error or "unreadable", type="error")
-        elif r.status in ("no_kl_metric", "kl_disabled", "insufficient_data"):
-            skipped += 1
-            ET.SubElement(case, "skipped", message=r.status)
-        out = ET.SubElement(case, "system-out")
-        out.text = "\n".join(f"step {v.boundary.step} [{','.join(v.boundary.evidence)}]: {v.verdict} ({v.score:.2f}) {v.explanation}"
-                             for v in r.verdicts)
+        for outcome in _junit_case(suite, r, lines_of.get(id(r), [])):
+            counts[outcome] += 1
     for s in result.sources:
         for e in s.errors:
-            errors += 1
+            counts["error"] += 1
             case = ET.SubElement(suite, "testcase", classname="klwatch.source", name=s.spec)
             ET.SubElement(case, "error", message=e.message, type="source_error")
-    suite.set("failures", str(failures))
-    suite.set("errors", str(errors))
-    suite.set("skipped", str(skipped))
+    suite.set("failures", str(counts["failure"]))
+    suite.set("errors", str(counts["error"]))
+    suite.set("skipped", str(counts["skipped"]))
     suite.set("tests", str(len(suite.findall("testcase"))))
     return ET.tostring(suite, encoding="unicode", xml_declaration=True)
+
+
+def _junit_case(suite: ET.Element, r: LineageResult, finding_lines: list[str]) -> list[str]:
+    """Add one run's test case to ``suite``; return its outcomes ("failure", "error", "skipped").
+
+    A failing finding fails a run that has no reset (and is then not skipped); on a run that has one,
+    its lines are added under the reset's explanations."""
+    kind = r.lineage.segments[0].kind if r.lineage.segments else "run"
+    case = ET.SubElement(suite, "testcase", classname=f"klwatch.{kind}", name=r.lineage.name)
+    outcomes: list[str] = []
+    if r.status == "reference_reset":
+        bad = [v for v in r.verdicts if v.verdict == "reference_reset"]
+        msg = "; ".join(f"step {v.boundary.step}: KL {_fmt(v.kl_before)} -> {_fmt(v.kl_after)}, score {v.score:.2f}" for v in bad)
+        f = ET.SubElement(case, "failure", message=f"reference reset at {len(bad)} resume(s): {msg}", type="reference_reset")
+        f.text = "\n".join([v.explanation for v in bad] + finding_lines)
+        outcomes.append("failure")
+    elif finding_lines:
+        ET.SubElement(case, "failure", type="finding", message="; ".join(finding_lines))
+        outcomes.append("failure")
+    if r.status == "error":
+        ET.SubElement(case, "error", message=r.error or "unreadable", type="error")
+        outcomes.append("error")
+    elif r.status in JUNIT_SKIPPED_STATUSES and not finding_lines:
+        ET.SubElement(case, "skipped", message=r.status)
+        outcomes.append("skipped")
+    out = ET.SubElement(case, "system-out")
+    out.text = "\n".join(f"step {v.boundary.step} [{','.join(v.boundary.evidence)}]: {v.verdict} ({v.score:.2f}) {v.explanation}"
+                         for v in r.verdicts)
+    return outcomes

@@ -80,6 +80,7 @@ class _Stop(Exception):
 
 
 def _stop(signum: int, frame: Any) -> None:
+    """The SIGTERM handler of a long-running watcher (``--once`` keeps the default)."""
     raise _Stop()
 
 
@@ -175,6 +176,7 @@ def _once_exit_code(result: ScanResult, state: AlertState) -> int:
 
 
 def _warn(message: str) -> None:
+    """How ``deliver`` tells the person at the console that an alert is still pending."""
     err.print(f"[yellow]warning[/] {message}", highlight=False)
 
 

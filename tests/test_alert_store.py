@@ -37,7 +37,8 @@ def test_an_alert_is_recorded_once_with_a_pending_delivery_per_sink(state):
     assert not state.record(replace(ALERT, run="renamed"), sinks, now=3.0)  # known by lineage, step and verdict
     assert sorted(label for _, label, _, _ in state.pending()) == sorted(s.label for s in sinks)
     assert {key for key, *_ in state.pending()} == {ALERT.key}
-    assert [(d.alert, d.sink_id) for d in state.due(now=None)] == [(ALERT, s.id) for s in sorted(sinks, key=lambda s: s.id)]
+    assert [(d.alert.to_json(), d.sink_id) for d in state.due(now=None)] == \
+           [(ALERT.to_json(), s.id) for s in sorted(sinks, key=lambda s: s.id)]
 
 
 def test_a_failed_delivery_is_due_again_only_once_its_backoff_has_run_out(state):
