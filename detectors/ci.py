@@ -20,8 +20,7 @@ import typer
 from rich.markup import escape
 
 from .cli_common import JunitOpt, ScanOptions, SourcesArg, err, run_scan, with_scan_options
-from .metrics import is_negated
-from .model import BoundaryVerdict, Finding, LineageResult, ScanResult, Series
+from .model import BoundaryVerdict, Finding, LineageResult, ScanResult
 from .pipeline import ScanConfig, scan
 from .reference_reset import ReferenceResetConfig
 from .report import EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, EXIT_USAGE, exit_code, junit_xml
@@ -130,14 +129,10 @@ SPARK = "▁▂▃▄▅▆▇█"
 
 
 def _kl_pieces(r: LineageResult) -> list[np.ndarray]:
+    """The finite KL values of every piece, signed as a distance (empty where a piece logs none)."""
     if r.metric is None:
         return []
-    out = []
-    for piece in r.lineage.pieces:
-        s: Series | None = piece.get(r.metric)
-        vals = s.values[np.isfinite(s.values)] if s is not None and len(s) else np.empty(0)
-        out.append(-vals if is_negated(r.metric) else vals)
-    return out
+    return [s.values[np.isfinite(s.values)] if s is not None else np.empty(0) for s in r.lineage.kl_pieces()]
 
 
 def sparkline(r: LineageResult, *, width: int = 60) -> tuple[str, str] | None:
