@@ -202,9 +202,8 @@ def step_summary(result: ScanResult, found: list[Problem]) -> str:
                       "`^` marks a reference reset", "", "```text", f"KL {spark[0]}", f"   {spark[1]}", "```", ""]
             lines += [f"> {v.explanation}" for v in r.verdicts if v.verdict == RESET][:3]
             lines.append("")
-    errors = [e.message for s in result.sources for e in s.errors] + [f"{r.lineage.name}: {r.error}" for r in result.results if r.error]
-    if errors:
-        lines += ["Could not read:", "", *[f"- {e}" for e in errors], ""]
+    if result.unreadable:
+        lines += ["Could not read:", "", *[f"- {e}" for e in result.unreadable], ""]
     return "\n".join(lines) + "\n"
 
 
@@ -245,15 +244,11 @@ def check_command(
     github = os.environ.get("GITHUB_ACTIONS") == "true"
     for p in found:
         print(github_annotation(p) if github else problem_line(p))
-    for s in result.sources:
-        for e in s.errors:
-            print(f"::error title={_escape_property('klwatch: unreadable source')}::{_escape_data(e.message)}" if github else
-                  f"error: {e.message}", file=sys.stdout if github else sys.stderr)
-    for r in result.results:
-        if r.error:
-            msg = f"{r.lineage.name}: {r.error}"
-            print(f"::error title={_escape_property('klwatch: unreadable run')}::{_escape_data(msg)}" if github else f"error: {msg}",
-                  file=sys.stdout if github else sys.stderr)
+    n_sources = sum(len(s.errors) for s in result.sources)
+    for i, msg in enumerate(result.unreadable):  # the sources' errors come first, then the runs'
+        title = "klwatch: unreadable source" if i < n_sources else "klwatch: unreadable run"
+        print(f"::error title={_escape_property(title)}::{_escape_data(msg)}" if github else f"error: {msg}",
+              file=sys.stdout if github else sys.stderr)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         try:
@@ -304,8 +299,7 @@ def assert_no_reference_reset(
         else:
             assert p.finding is not None
             msgs.append(f"{p.finding.detector} in {where}: {problem_line(p)}")
-    unreadable = [e.message for s in result.sources for e in s.errors] + \
-                 [f"{r.lineage.name}: {r.error}" for r in result.results if r.error]
+    unreadable = result.unreadable
     if result.nothing_read:
         msgs.append("klwatch could not read any run from " + ", ".join(map(os.fspath, sources)) +
                     (": " + "; ".join(unreadable) if unreadable else ""))

@@ -153,9 +153,8 @@ def render_markdown(result: ScanResult) -> str:
         cells = [row[k].replace("|", "\\|") for k in ("run", "tracker", "status", "metric", "step", "evidence", "verdict", "score", "kl")]
         cells[2] = f"**{cells[2]}**" if row["status"] == "reference_reset" else cells[2]
         lines.append("| " + " | ".join(cells).replace("->", "→") + " |")
-    errors = [e.message for s in result.sources for e in s.errors] + [f"{r.lineage.name}: {r.error}" for r in result.results if r.error]
-    if errors:
-        lines += ["", "Errors:", *[f"- {e}" for e in errors]]
+    if result.unreadable:
+        lines += ["", "Errors:", *[f"- {e}" for e in result.unreadable]]
     lines += ["", summary_line(result)]
     return "\n".join(lines) + "\n"
 
