@@ -31,7 +31,12 @@ def exit_code(result: ScanResult) -> int:
     return EXIT_OK
 
 
-def _num(x: float | None, digits: int = 6) -> float | None:
+REPORT_DIGITS = 6
+"""Significant digits of every number a report prints: enough to check, few enough to compare byte for byte."""
+
+
+def round_sig(x: float | None, digits: int = REPORT_DIGITS) -> float | None:
+    """``x`` to ``digits`` significant digits; None for a missing or non-finite value (JSON has no NaN)."""
     if x is None or not math.isfinite(x):
         return None
     return float(f"{x:.{digits}g}")
@@ -45,8 +50,8 @@ def boundary_dict(v: BoundaryVerdict) -> dict[str, Any]:
         "evidence": list(b.evidence),
         "verdict": v.verdict,
         "score": round(float(v.score), 4),
-        "kl_before": _num(v.kl_before),
-        "kl_after": _num(v.kl_after),
+        "kl_before": round_sig(v.kl_before),
+        "kl_after": round_sig(v.kl_after),
         "explanation": v.explanation,
         "window_before": list(v.window_before) if v.window_before else None,
         "window_after": list(v.window_after) if v.window_after else None,
