@@ -27,6 +27,7 @@ import numpy as np
 
 from ..model import Boundary, Finding, Lineage, LineageResult
 from ..metrics import COUNTERS, PROMPT_LENGTH, MetricFamily, find_metric, find_metrics
+from ..stats import robust_sigma
 from .base import FindingDetector, before_after, fmt, history, log_interval, opening, piece_series
 
 
@@ -190,7 +191,7 @@ class DataOrderRestart(FindingDetector[DataOrderRestartConfig]):
         at = open_.steps >= open_.steps[0] + max(offset, 0)  # where a restarted order would be by now
         ref = open_.values[at][: cfg.repeat_window]
         allv = np.concatenate([p.values for p in parts if p is not None])
-        spread = float(np.median(np.abs(allv - np.median(allv))) * 1.4826)
+        spread = robust_sigma(allv)
         if spread <= 0:
             spread = float(np.std(allv))
         if spread <= 0:

@@ -47,7 +47,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ..model import Boundary, Finding, Lineage, LineageResult, Series
 from ..metrics import GRAD_NORM, LOSS, LR, MetricFamily, find_metric
-from ..stats import pooled_diff_noise
+from ..stats import FIRST_DIFF_SCALE, mad, pooled_diff_noise
 from .base import FindingDetector, before_after, fmt, history, piece_series
 
 APPROX_KL = MetricFamily(
@@ -246,10 +246,10 @@ class OptimizerStateLost(FindingDetector[OptimizerStateLostConfig]):
         noise = pooled_diff_noise(trs)
         if noise == 0.0 and kind == "step":  # most differences exactly 0 (mostly at 0): use their spread
             d = np.concatenate([np.diff(t) for t in trs if len(t) > 1] or [np.empty(0)])
-            noise = float(np.std(d) / np.sqrt(2.0)) if len(d) else float("nan")
+            noise = float(np.std(d)) / FIRST_DIFF_SCALE if len(d) else float("nan")
         if not np.isfinite(noise) or (kind == "step" and noise == 0.0):
             return None
-        floor = cfg.noise_floor_log if log_space else 1e-3 * float(np.median(np.abs(allv - np.median(allv))) or 1e-12)
+        floor = cfg.noise_floor_log if log_space else 1e-3 * (mad(allv) or 1e-12)
         return _Prepared(parts, max(noise, floor), log_space, lrs is not None)
 
     def _spikes(self, lineage: Lineage, metric: str, *, kind: Kind, lr: str | None) -> list[tuple[int, _Spike]]:

@@ -63,7 +63,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ..declarations import reference_schedules, touched_steps
 from ..model import Finding, Lineage, LineageResult, Series
 from ..metrics import COUNTERS, GRAD_NORM, KL_COEF, LOSS, LR, MetricFamily, find_metrics, kl_candidates
-from ..stats import pooled_diff_noise
+from ..stats import pooled_diff_noise, robust_sigma
 from .base import FindingDetector, fmt
 
 KL, ENTROPY, REWARD = "kl", "entropy", "reward"
@@ -317,7 +317,7 @@ class SuspectedRestart(FindingDetector[SuspectedRestartConfig]):
         if len(x) < 2 * self.config.window + 1:
             return None
         d = self._statistic(x=x)
-        spread = float(1.4826 * np.median(np.abs(d - np.median(d))))
+        spread = robust_sigma(d)
         noise = max(pooled_diff_noise([x]), floor)
         scale = max(spread, floor)
         if not (np.isfinite(scale) and scale > 0 and np.isfinite(noise)):
