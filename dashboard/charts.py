@@ -97,10 +97,30 @@ def run_figure(result: LineageResult, *, linked: Sequence[str] = (), max_points:
     metric = result.metric or lin.kl_metric
     panels = ([metric] if metric else []) + [m for m in linked if m != metric]
     rows = max(1, len(panels))
+    layout, domains = _panel_axes(rows, x_title=lin.step_axis or "step")
+    traces, thinned = _piece_traces(result, panels, max_points=max_points, webgl_above=webgl_above)
     titles = [(f"−{p} (logged negated)" if i == 0 and p == lin.kl_metric and lin.kl_negated else p)
               for i, p in enumerate(panels)]
+    annotations: list[dict] = [
+        {"text": t, "x": 0.0, "xref": "paper", "xanchor": "left", "y": domains[r][1], "yref": "paper",
+         "yanchor": "bottom", "showarrow": False, "font": {"size": 12, "color": "#444"}}
+        for r, t in enumerate(titles)]
+    shapes = _boundary_marks(result, annotations, on_panel=bool(panels), shade=metric is not None)
+    title = f"{lin.name}: {result.status}"
+    if thinned:
+        title += f"  (long series: min/max of each bucket drawn, ≤{max_points:,} points per piece)"
+    layout.update(
+        title={"text": title, "font": {"size": 15}}, height=430 + 170 * (rows - 1), hovermode="closest",
+        margin={"l": 60, "r": 20, "t": 90, "b": 95},
+        legend={"orientation": "h", "x": 0.0, "y": 0.0, "yanchor": "bottom", "yref": "container", "font": {"size": 11}},
+        uirevision=lin.id, shapes=shapes, annotations=annotations,
+    )
+    return go.Figure({"data": traces, "layout": layout})
 
-    # Panel domains, top to bottom: the KL gets the most room.
+
+def _panel_axes(rows: int, *, x_title: str) -> tuple[dict, list[tuple[float, float]]]:
+    """One x/y axis pair per panel, top to bottom, the x axes matched (zoom one, zoom all) and the KL's
+    panel the tallest: the layout's axes and each panel's vertical domain."""
     gap = 0.045 if rows > 1 else 0.0
     weights = [2.2] + [1.0] * (rows - 1)
     usable = 1.0 - gap * (rows - 1)
@@ -115,9 +135,16 @@ def run_figure(result: LineageResult, *, linked: Sequence[str] = (), max_points:
         layout[f"xaxis{sfx}"] = {"anchor": f"y{sfx}", "domain": [0.0, 1.0], "showticklabels": r == rows,
                                  "showspikes": True, "spikemode": "across", "spikesnap": "cursor", "spikethickness": 1,
                                  **({} if r == 1 else {"matches": "x"}),
-                                 **({"title": {"text": lin.step_axis or "step"}} if r == rows else {})}
+                                 **({"title": {"text": x_title}} if r == rows else {})}
         layout[f"yaxis{sfx}"] = {"anchor": f"x{sfx}", "domain": list(domains[r - 1])}
+    return layout, domains
 
+
+def _piece_traces(result: LineageResult, panels: Sequence[str], *, max_points: int,
+                  webgl_above: int) -> tuple[list[dict], bool]:
+    """One trace per piece in every panel (the legend names each piece's segment once); whether
+    any trace was thinned."""
+    lin = result.lineage
     traces: list[dict] = []
     total = sum(len(p[m]) for p in lin.pieces for m in panels if m in p)
     webgl = total > webgl_above
@@ -135,12 +162,13 @@ def run_figure(result: LineageResult, *, linked: Sequence[str] = (), max_points:
             traces.append(_trace(drawn, name=f"piece {i + 1}: {seg_ref.rstrip('/').rsplit('/', 1)[-1]}",
                                  color=PIECE_COLORS[i % len(PIECE_COLORS)], segment=seg_ref, metric=m, webgl=webgl,
                                  showlegend=row == 1, legendgroup=f"piece{i}", axis=row))
+    return traces, thinned
 
+
+def _boundary_marks(result: LineageResult, annotations: list[dict], *, on_panel: bool, shade: bool) -> list[dict]:
+    """Every boundary's line and verdict label (added to ``annotations``; labels alternate in height
+    so neighbours do not overlap) and, with ``shade``, the KL windows its verdict compared."""
     shapes: list[dict] = []
-    annotations: list[dict] = [
-        {"text": t, "x": 0.0, "xref": "paper", "xanchor": "left", "y": domains[r][1], "yref": "paper",
-         "yanchor": "bottom", "showarrow": False, "font": {"size": 12, "color": "#444"}}
-        for r, t in enumerate(titles)]
     for k, v in enumerate(sorted(result.verdicts, key=lambda v: v.boundary.step)):
         step = int(v.boundary.step)
         color = VERDICT_COLORS.get(v.verdict, "#555")
@@ -148,27 +176,19 @@ def run_figure(result: LineageResult, *, linked: Sequence[str] = (), max_points:
                        "line": {"color": color, "width": 2, "dash": "dash"}, "layer": "above"})
         label = f"{VERDICT_LABELS.get(v.verdict, v.verdict)} {v.score:.2f}"
         annotations.append({"x": step, "xref": "x", "y": 1.0 + (0.07 if k % 2 else 0.0),
-                            "yref": "y domain" if panels else "paper", "text": f"<b>{label}</b>", "showarrow": False,
+                            "yref": "y domain" if on_panel else "paper", "text": f"<b>{label}</b>", "showarrow": False,
                             "yanchor": "bottom", "font": {"color": "white", "size": 11}, "bgcolor": color,
                             "borderpad": 2, "hovertext": f"step {step}: {v.explanation}"})
-        if panels and panels[0] == metric:
-            for window, fill in ((v.window_before, "rgba(120,120,120,0.14)"), (v.window_after, _rgba(color, 0.16))):
-                if window:
-                    lo, hi = window
-                    if lo == hi:
-                        lo, hi = lo - 0.5, hi + 0.5
-                    shapes.append({"type": "rect", "xref": "x", "yref": "y domain", "x0": lo, "x1": hi, "y0": 0,
-                                   "y1": 1, "fillcolor": fill, "line": {"width": 0}, "layer": "below"})
-    title = f"{lin.name}: {result.status}"
-    if thinned:
-        title += f"  (long series: min/max of each bucket drawn, ≤{max_points:,} points per piece)"
-    layout.update(
-        title={"text": title, "font": {"size": 15}}, height=430 + 170 * (rows - 1), hovermode="closest",
-        margin={"l": 60, "r": 20, "t": 90, "b": 95},
-        legend={"orientation": "h", "x": 0.0, "y": 0.0, "yanchor": "bottom", "yref": "container", "font": {"size": 11}},
-        uirevision=lin.id, shapes=shapes, annotations=annotations,
-    )
-    return go.Figure({"data": traces, "layout": layout})
+        if not shade:
+            continue
+        for window, fill in ((v.window_before, "rgba(120,120,120,0.14)"), (v.window_after, _rgba(color, 0.16))):
+            if window:
+                lo, hi = window
+                if lo == hi:
+                    lo, hi = lo - 0.5, hi + 0.5
+                shapes.append({"type": "rect", "xref": "x", "yref": "y domain", "x0": lo, "x1": hi, "y0": 0,
+                               "y1": 1, "fillcolor": fill, "line": {"width": 0}, "layer": "below"})
+    return shapes
 
 
 def _rgba(hex_color: str, alpha: float) -> str:
