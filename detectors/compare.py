@@ -29,11 +29,12 @@ import typer
 from scipy import stats
 
 from .cli_common import MetricOpt, err
-from .metrics import is_negated
 from .model import LineageResult, Series
 from .pipeline import ScanConfig, matches_pattern, scan
 from .reference_reset import typical_kl
+from .report import round_sig
 from .sources import split_pattern
+from .stats import diff_noise, floored_log, last_per_step, robust_sigma
 
 EXIT_AGREE, EXIT_PARTED, EXIT_USAGE, EXIT_UNREADABLE = 0, 1, 2, 3
 SCHEMA = "klwatch.compare/1"
@@ -83,43 +84,30 @@ class Comparison:
     warnings: list[str] = field(default_factory=list)
 
 
-def last_per_step(s: Series) -> tuple[np.ndarray, np.ndarray]:
-    """Steps ascending, one value each: the *last* one logged (a resumed process re-logs a rewound step)."""
-    ok = np.isfinite(s.values)
-    steps, values = s.steps[ok], s.values[ok]
-    if not len(steps):
-        return steps, values
-    rev_steps = steps[::-1]
-    uniq, idx = np.unique(rev_steps, return_index=True)
-    return uniq, values[::-1][idx]
-
-
-def _mad(x: np.ndarray) -> float:
-    return float(np.median(np.abs(x - np.median(x)))) * 1.4826 if len(x) else 0.0
-
-
-def _log(x: np.ndarray, eps: float) -> np.ndarray:
-    return np.log(np.clip(x, 0.0, None) + eps)
+def _finite_last_per_step(s: Series) -> tuple[np.ndarray, np.ndarray]:
+    """Steps ascending, one finite value each: the *last* one logged (a resumed process re-logs a rewound step)."""
+    out = last_per_step(s.take(np.isfinite(s.values)))
+    return out.steps, out.values
 
 
 def compare_series(control: Series, resumed: Series, *, resume_step: int, config: CompareConfig = CompareConfig()) -> Comparison:
     """Compare two KL series (already on one step axis) from ``resume_step`` on. Pure: no I/O."""
-    cs, cv = last_per_step(control)
-    rs, rv = last_per_step(resumed)
+    cs, cv = _finite_last_per_step(control)
+    rs, rv = _finite_last_per_step(resumed)
     common = np.intersect1d(cs, rs)
     c = cv[np.searchsorted(cs, common)]
     r = rv[np.searchsorted(rs, common)]
     scale = typical_kl(cv)
     eps = max(config.zero_fraction * scale, 1e-12)
-    d = _log(r, eps) - _log(c, eps)
+    d = floored_log(r, eps) - floored_log(c, eps)
     pre, post = common < resume_step, common >= resume_step
     d_pre, d_post = d[pre], d[post]
     post_steps = common[post]
 
-    lc = _log(cv, eps)
-    noise = _mad(np.diff(lc)) / math.sqrt(2.0) if len(lc) >= 3 else 0.0
+    lc = floored_log(cv, eps)
+    noise = diff_noise(lc) if len(lc) >= 3 else 0.0
     pre_win = d_pre[-config.window:]
-    pre_spread = _mad(pre_win) if len(pre_win) >= 5 else None
+    pre_spread = robust_sigma(pre_win) if len(pre_win) >= 5 else None
     tol = max(config.min_tolerance, config.sigmas * math.sqrt(2.0) * noise,
               config.sigmas * pre_spread if pre_spread is not None else 0.0)
     out = Comparison("insufficient", int(resume_step), int(pre.sum()), int(post.sum()), tol, noise, pre_spread, None,
@@ -220,9 +208,8 @@ def resolve_run(spec: str, *, role: str, config: ScanConfig) -> LineageResult:
 
 
 def kl_series(r: LineageResult) -> Series:
-    assert r.metric is not None
-    s = r.lineage.series(r.metric)
-    return Series(s.steps, -s.values, s.wall_times) if is_negated(r.metric) else s
+    """A training run's KL over all its pieces, signed as a distance (``Lineage.kl_pieces``)."""
+    return Series.concat([s for s in r.lineage.kl_pieces() if s is not None])
 
 
 def _side(spec: str, r: LineageResult) -> dict[str, Any]:
@@ -231,16 +218,12 @@ def _side(spec: str, r: LineageResult) -> dict[str, Any]:
             "boundaries": [int(b.step) for b in r.lineage.boundaries]}
 
 
-def _num(x: float | None) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(f"{x:.6g}")
-
-
 def comparison_dict(cmp: Comparison, *, control: dict[str, Any], resumed: dict[str, Any], resume_from: str) -> dict[str, Any]:
     d = asdict(cmp)
     for k, v in list(d.items()):
         if isinstance(v, float):
-            d[k] = _num(v)
-    d["tolerance_ratio"] = _num(math.exp(cmp.tolerance))
+            d[k] = round_sig(v)
+    d["tolerance_ratio"] = round_sig(math.exp(cmp.tolerance))
     return {"schema": SCHEMA, "control": control, "resumed": resumed, "resume_step_from": resume_from,
             "test": "mann-whitney-u", **d}
 
