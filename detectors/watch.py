@@ -1,6 +1,7 @@
 """``klwatch watch``: poll live runs, judge each resume boundary as soon as it can be, alert once.
 
-Three parts, each for one reason:
+The watcher in three parts, each in its own module for one reason (this one is the poll and the
+command):
 
 - ``klwatch.read_cache.LocalReadCache`` reads each SOURCE, re-reading only what changed on disk
   since the last poll.
