@@ -10,7 +10,6 @@ changed threshold live in the URL's query parameters, so a link opens the same v
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 from pathlib import Path
@@ -23,10 +22,10 @@ except ModuleNotFoundError as exc:  # `streamlit run dashboard/app.py` in a chec
     if exc.name != "klwatch":
         raise
     sys.exit("klwatch is not installed in this Python: run `bash scripts/setup.sh` (or `pip install -e .`) first.")
-from klwatch.model import LineageResult
+from klwatch.model import BoundaryVerdict, Lineage, LineageResult
 from klwatch.pipeline import ScanConfig
 from klwatch.reference_reset import ReferenceResetConfig
-from klwatch.report import lineage_dict, to_dict
+from klwatch.report import boundary_dict, to_json
 
 # Newline-separated SOURCEs, for running the app without command-line arguments (tests, containers).
 SOURCES_ENV = "KLWATCH_DASHBOARD_SOURCES"
@@ -279,18 +278,12 @@ def show_fleet(fleet: data.Fleet, config: ScanConfig) -> None:
     st.caption(f"{len(df)} of {len(fleet.keys)} training run(s) shown. Click a row (or a point above) to open it.")
     specs = [s.spec for s in fleet.scan.sources]
     st.download_button("Download JSON report",  # the CLI's report: findings included, computed on click
-                       data=lambda: json.dumps(to_dict(data.load_fleet(specs, config=config, findings=True).scan),
-                                               indent=2) + "\n",
+                       data=lambda: to_json(data.load_fleet(specs, config=config, findings=True).scan) + "\n",
                        file_name="klwatch-report.json", mime="application/json", icon=":material/download:", on_click="ignore")
-
-
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3g}"
 
 
 def show_run(key: str, result: LineageResult) -> None:
     lin = result.lineage
-    report = lineage_dict(result)
     st.header(f"{STATUS_ICON.get(result.status, '')} {lin.name}")
     trackers = ", ".join(dict.fromkeys(s.kind for s in lin.segments))
     st.markdown(f":{BADGE_COLOR.get(result.status, 'gray')}-badge[{result.status}] · metric `{result.metric or '-'}` · "
@@ -309,18 +302,7 @@ def show_run(key: str, result: LineageResult) -> None:
                            file_name=f"{charts.plot_config(lin.name)['toImageButtonOptions']['filename']}.html",
                            mime="text/html", icon=":material/download:", on_click="ignore")
         c2.caption("PNG: the camera icon in the chart's toolbar. Hover a point for its step, value, wall time and segment.")
-    st.subheader("Resume boundaries")
-    if not report["boundaries"]:
-        st.caption("No resume found in this run.")
-    for b in report["boundaries"]:
-        with st.expander(f"step {b['step']} · {b['verdict']} · score {b['score']:.2f} · "
-                         f"KL {_fmt(b['kl_before'])} → {_fmt(b['kl_after'])}", icon=VERDICT_ICON.get(b["verdict"])):
-            st.markdown(b["explanation"])
-            st.markdown("**Evidence:** " + " ".join(f"`{e}`" for e in b["evidence"]) +
-                        f" · resumed from step {b['resumed_from_step'] if b['resumed_from_step'] is not None else 'unknown'}")
-            if b["window_before"] or b["window_after"]:
-                st.markdown(f"Compared steps {_window(b['window_before'])} (before) with {_window(b['window_after'])} (after).")
-            st.json(b, expanded=False)
+    show_boundaries(result.verdicts)
     st.subheader("Findings")
     if not result.findings:
         st.caption("No other detector reported anything.")
@@ -329,8 +311,8 @@ def show_run(key: str, result: LineageResult) -> None:
         text = f"**{f.detector}**{where}: {f.message}"
         {"error": st.error, "warning": st.warning}.get(f.severity, st.info)(text)
     with st.expander("Members (tracker runs, files, checkpoints)"):
-        st.dataframe(report["members"], hide_index=True)
-        for w in report["warnings"]:
+        st.dataframe(_members(lin), hide_index=True)
+        for w in (w for seg in lin.segments for w in seg.warnings):
             st.warning(w)
     with st.expander("Run config"):
         if lin.config:
@@ -339,7 +321,33 @@ def show_run(key: str, result: LineageResult) -> None:
             st.caption("No config was logged.")
 
 
-def _window(w: list[int] | None) -> str:
+def show_boundaries(verdicts: list[BoundaryVerdict]) -> None:
+    """Each resume boundary in step order: its verdict and why, the evidence, the windows compared,
+    and the boundary as the JSON report gives it."""
+    st.subheader("Resume boundaries")
+    if not verdicts:
+        st.caption("No resume found in this run.")
+    for v in sorted(verdicts, key=lambda v: v.boundary.step):
+        b = v.boundary
+        with st.expander(f"step {b.step} · {v.verdict} · score {v.score:.2f} · "
+                         f"KL {charts.fmt_kl(v.kl_before)} → {charts.fmt_kl(v.kl_after)}", icon=VERDICT_ICON.get(v.verdict)):
+            st.markdown(v.explanation)
+            st.markdown("**Evidence:** " + " ".join(f"`{e}`" for e in b.evidence) +
+                        f" · resumed from step {b.resumed_from_step if b.resumed_from_step is not None else 'unknown'}")
+            if v.window_before or v.window_after:
+                st.markdown(f"Compared steps {_window(v.window_before)} (before) with {_window(v.window_after)} (after).")
+            st.json(boundary_dict(v), expanded=False)
+
+
+def _members(lin: Lineage) -> list[dict[str, object]]:
+    """The run's tracker runs, files and checkpoint folders, each with where its training starts and
+    ends (``Segment.extent``: not a setup key's step 0)."""
+    prefer = (lin.kl_metric,) if lin.kl_metric else ()
+    return [{"kind": seg.kind, "ref": seg.ref, "first_step": first, "last_step": last}
+            for seg in lin.segments for first, last in [seg.extent(prefer)]]
+
+
+def _window(w: tuple[int, int] | None) -> str:
     return "-" if not w else f"{w[0]}–{w[1]}"
 
 

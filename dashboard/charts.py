@@ -216,7 +216,7 @@ def fleet_figure(points: pd.DataFrame, *, thresholds: ReferenceResetConfig) -> g
             "name": f"{verdict} ({len(sub)})",
             "marker": {"color": color, "size": 10, "opacity": 0.8, "line": {"width": 1, "color": "white"}},
             "customdata": np.stack([sub["key"], sub["run"], sub["step"].astype(str),
-                                    sub["kl_before"].map(_fmt), sub["kl_after"].map(_fmt)], axis=-1),
+                                    sub["kl_before"].map(fmt_kl), sub["kl_after"].map(fmt_kl)], axis=-1),
             "hovertemplate": ("<b>%{customdata[1]}</b><br>resume at step %{customdata[2]}<br>"
                               "KL %{customdata[3]} → %{customdata[4]}<br>after/before %{y:.3g}<br>"
                               "score %{x:.2f}<extra></extra>"),
@@ -243,8 +243,9 @@ def fleet_figure(points: pd.DataFrame, *, thresholds: ReferenceResetConfig) -> g
     return go.Figure({"data": traces, "layout": layout})
 
 
-def _fmt(x: float | None) -> str:
-    return "-" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{x:.3g}"
+def fmt_kl(x: float | None) -> str:
+    """A KL level as the page shows it: three significant digits, '-' for none (or not finite)."""
+    return "-" if x is None or not np.isfinite(x) else f"{x:.3g}"
 
 
 def plot_config(filename: str) -> dict:

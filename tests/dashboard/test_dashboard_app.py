@@ -77,6 +77,13 @@ def test_a_link_to_a_run_opens_it_with_its_boundaries(monkeypatch: pytest.Monkey
     assert [m.split()[0] for m in markers] == ["<b>ok", "<b>ok"]
     # the panels below the KL were picked from the run's own series
     assert at.multiselect(key=f"linked::{run_ids['grpo-resume-fixed']}").value == ["train/loss", "train/reward", "train/lr"]
+    # each boundary says which windows its verdict compared; the members are the run's three launches
+    (judged,) = [r for r in scan([str(fleet_dir)]).results if r.lineage.id == run_ids["grpo-resume-fixed"]]
+    compared = [m.value for m in at.markdown if m.value.startswith("Compared steps")]
+    assert compared == [f"Compared steps {v.window_before[0]}–{v.window_before[1]} (before) with "
+                        f"{v.window_after[0]}–{v.window_after[1]} (after)." for v in judged.verdicts]
+    members = at.dataframe[-1].value
+    assert list(members["kind"]) == ["tensorboard"] * 3 and list(members["first_step"]) == [1, 41, 81]
 
 
 def test_a_link_to_a_run_that_is_not_there_warns_and_opens_another(monkeypatch: pytest.MonkeyPatch, fleet_dir: Path,
