@@ -21,6 +21,7 @@ import numpy as np
 
 from ..model import Boundary, Finding, LineageResult, Series
 from ..metrics import KL_COEF, MetricFamily, find_metric
+from ..stats import floored_log
 from .base import FindingDetector, fmt, log_interval, opening, piece_series, resumes_with_history
 
 
@@ -58,35 +59,34 @@ class KlCoefReset(FindingDetector[KlCoefResetConfig]):
         if len(allv) == 0 or np.all(allv <= 0):
             return []
         eps = 1e-6 * float(np.max(np.abs(allv)))
-        lg = lambda x: np.log(np.clip(np.asarray(x, dtype=float), 0.0, None) + eps)  # noqa: E731
-        steps_in_piece = [np.abs(np.diff(lg(p.values))) for p in present if len(p) > 1]
+        steps_in_piece = [np.abs(np.diff(floored_log(p.values, eps))) for p in present if len(p) > 1]
         max_step = float(np.max(np.concatenate(steps_in_piece))) if steps_in_piece else 0.0
         if np.ptp(allv) == 0:
             return []  # a fixed coefficient that never changed: nothing was reset
         open_ = opening(lineage, metric, interval=log_interval(parts))
         out: list[Finding] = []
         for b, hist, after in resumes_with_history(lineage, metric, min_before=cfg.min_points_before):
-            f = self._judge(b, metric, hist=hist, after=after, open_=open_, lg=lg, max_step=max_step)
+            f = self._judge(b, metric, hist=hist, after=after, open_=open_, eps=eps, max_step=max_step)
             if f is not None:
                 out.append(f)
         return out
 
-    def _judge(self, b: Boundary, metric: str, *, hist: Series, after: Series, open_, lg,
+    def _judge(self, b: Boundary, metric: str, *, hist: Series, after: Series, open_, eps: float,
                max_step: float) -> Finding | None:
         cfg = self.config
         upto = b.resumed_from_step if b.resumed_from_step is not None else int(hist.steps[-1])
         known = hist.steps <= upto
         before = float(hist.values[known][-1]) if np.any(known) else float(hist.values[-1])
         first = float(after.values[0])
-        jump = float(abs(lg(first) - lg(before)))
+        jump = float(abs(floored_log(first, eps) - floored_log(before, eps)))
         threshold = max(cfg.min_jump, cfg.jump_factor * max_step)
         if jump < threshold:
             return None
         open_v = float(open_.values[0]) if open_ is not None else None
         to_open = False
         if open_v is not None:
-            drift = float(abs(lg(before) - lg(open_v)))
-            to_open = drift >= cfg.min_drift and float(abs(lg(first) - lg(open_v))) <= max(cfg.opening_tolerance, max_step)
+            drift = float(abs(floored_log(before, eps) - floored_log(open_v, eps)))
+            to_open = drift >= cfg.min_drift and float(abs(floored_log(first, eps) - floored_log(open_v, eps))) <= max(cfg.opening_tolerance, max_step)
         data = {"metric": metric, "coef_before": before, "coef_after": first, "coef_opening": open_v,
                 "log_jump": jump, "largest_in_piece_step": max_step, "resumed_from_step": b.resumed_from_step}
         if to_open:

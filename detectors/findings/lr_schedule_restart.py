@@ -27,7 +27,7 @@ from scipy.special import expit, logsumexp
 from ..model import Boundary, Finding, LineageResult, Series
 from ..declarations import config_mentions
 from ..metrics import LR, MetricFamily, find_metric
-from ..stats import SECOND_DIFF_SCALE, robust_sigma_about_zero, t_logpdf
+from ..stats import SECOND_DIFF_SCALE, floored_log, robust_sigma_about_zero, t_logpdf
 from .base import FindingDetector, fmt, log_interval, opening, piece_series, resumes_with_history
 
 
@@ -75,30 +75,29 @@ class LrScheduleRestart(FindingDetector[LrScheduleRestartConfig]):
             return []  # the run's opening is not in the logs: a restart has nothing to be compared with
         scale = max(float(np.nanmax(np.abs(np.concatenate([p.values for p in parts if p is not None])))), 1e-30)
         eps = 1e-3 * scale
-        lg = lambda x: np.log(np.clip(x, 0.0, None) + eps)  # noqa: E731
-        noise = _noise([lg(p.values) for p in parts if p is not None], cfg.noise_floor)
-        if _restarts_on_its_own(parts, lg=lg, cfg=cfg):
+        noise = _noise([floored_log(p.values, eps) for p in parts if p is not None], cfg.noise_floor)
+        if _restarts_on_its_own(parts, eps=eps, cfg=cfg):
             return []
         out: list[Finding] = []
         for b, hist, after in resumes_with_history(lineage, metric, min_before=cfg.min_points_before):
-            f = self._judge(b, metric, hist=hist, after=after, open_=open_, lg=lg, noise=noise, interval=interval)
+            f = self._judge(b, metric, hist=hist, after=after, open_=open_, eps=eps, noise=noise, interval=interval)
             if f is not None:
                 out.append(f)
         return out
 
-    def _judge(self, b: Boundary, metric: str, *, hist: Series, after: Series, open_: Series, lg, noise: float,
+    def _judge(self, b: Boundary, metric: str, *, hist: Series, after: Series, open_: Series, eps: float, noise: float,
                interval: int) -> Finding | None:
         cfg = self.config
         post = after.take(slice(0, cfg.window_after))
         pred0 = _continue(hist, post.steps)
         start = b.resumed_from_step + 1 if b.resumed_from_step is not None else b.step
         offsets = post.steps - start
-        lpost = lg(post.values)
-        r0 = lpost - lg(pred0)
+        lpost = floored_log(post.values, eps)
+        r0 = lpost - floored_log(pred0, eps)
         best_r1, ll1s = None, []
         for shift in (-interval, 0, interval):
             pred1 = np.interp(offsets + shift, open_.steps - open_.steps[0], open_.values)
-            r1 = lpost - lg(pred1)
+            r1 = lpost - floored_log(pred1, eps)
             ll1s.append(float(np.sum(t_logpdf(r1, cfg.dof, 0.0, noise))))
             if best_r1 is None or np.median(np.abs(r1)) < np.median(np.abs(best_r1)):
                 best_r1 = r1
@@ -152,7 +151,7 @@ def _continue(hist: Series, steps: np.ndarray) -> np.ndarray:
     return out
 
 
-def _restarts_on_its_own(parts: list[Series | None], *, lg, cfg: LrScheduleRestartConfig) -> bool:
+def _restarts_on_its_own(parts: list[Series | None], *, eps: float, cfg: LrScheduleRestartConfig) -> bool:
     """True when, inside a piece (no resume there), the LR jumps *up* well above the continuation of
     its last few points: a schedule with restarts of its own (hard cosine restarts, cyclic), where a
     jump at a resume proves nothing. Decays, step decays and linear warm-up never jump up."""
@@ -165,6 +164,6 @@ def _restarts_on_its_own(parts: list[Series | None], *, lg, cfg: LrScheduleResta
         var = ((st - sm) ** 2).sum(axis=1)
         slope = np.where(var > 0, ((st - sm) * (va - vm)).sum(axis=1) / np.where(var > 0, var, 1.0), 0.0)
         pred = np.clip(va[:, -1] + slope * (p.steps[3:] - st[:, -1]), 0.0, None)  # as ``_continue`` does
-        if np.any(lg(p.values[3:]) - lg(pred) > cfg.min_jump):
+        if np.any(floored_log(p.values[3:], eps) - floored_log(pred, eps) > cfg.min_jump):
             return True
     return False

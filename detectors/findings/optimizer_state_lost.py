@@ -47,7 +47,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ..model import Boundary, Finding, Lineage, LineageResult, Series
 from ..metrics import GRAD_NORM, LOSS, LR, MetricFamily, find_metric
-from ..stats import FIRST_DIFF_SCALE, mad, pooled_diff_noise
+from ..stats import FIRST_DIFF_SCALE, floored_log, mad, pooled_diff_noise
 from .base import FindingDetector, before_after, fmt, history, piece_series
 
 APPROX_KL = MetricFamily(
@@ -236,7 +236,7 @@ class OptimizerStateLost(FindingDetector[OptimizerStateLostConfig]):
                 parts.append(None)
                 continue
             steps, vals = p.steps, p.values
-            tr = np.log(vals + offset) if log_space else vals.copy()
+            tr = floored_log(vals, offset) if log_space else vals.copy()
             if lrs is not None:
                 steps, vals, tr = _lr_corrected(p, lrs[k], tr)
             parts.append((steps, vals, tr) if len(steps) else None)

@@ -63,7 +63,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ..declarations import reference_schedules, touched_steps
 from ..model import Finding, Lineage, LineageResult, Series
 from ..metrics import COUNTERS, GRAD_NORM, KL_COEF, LOSS, LR, MetricFamily, find_metrics, kl_candidates
-from ..stats import pooled_diff_noise, robust_sigma
+from ..stats import floored_log, pooled_diff_noise, robust_sigma
 from .base import FindingDetector, fmt
 
 KL, ENTROPY, REWARD = "kl", "entropy", "reward"
@@ -289,7 +289,7 @@ class SuspectedRestart(FindingDetector[SuspectedRestartConfig]):
         fraction = bool(np.all(v >= 0) and np.all(v <= 1)) and family not in cfg.log_families
         if positive and not fraction and len(distinct) > cfg.few_values and family not in cfg.linear_families:
             eps = cfg.zero_fraction * float(np.percentile(v[v > 0], 90))
-            return np.log(v + eps), cfg.noise_floor_log, eps
+            return floored_log(v, eps), cfg.noise_floor_log, eps
         gaps = np.diff(distinct) * typical
         quantum = float(np.min(gaps)) if len(gaps) else 0.0
         return v, max(quantum, cfg.noise_floor_linear * typical), None
@@ -362,7 +362,7 @@ class SuspectedRestart(FindingDetector[SuspectedRestartConfig]):
         """Opening values on the scale of ``sig`` (log when the piece was read on a log scale)."""
         if sig.log_eps is None:
             return values.astype(float)
-        return np.log(np.maximum(values, 0) + sig.log_eps)
+        return floored_log(values, sig.log_eps)
 
     def _direction(self, *, before: float, after: float, opening: float | None) -> str:
         """'toward' when the shift takes the series most of its way back to the opening, 'away' when it
