@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from klwatch.cli import app
-from klwatch.compare import CompareConfig, compare_series
+from klwatch.comparison import CompareConfig, compare_series
 from klwatch.model import Series
 
 REPO = Path(__file__).resolve().parents[1]
