@@ -65,19 +65,17 @@ def scan_command(
     raise typer.Exit(exit_code(result))
 
 
-def _register_optional_commands() -> None:
-    """Faces that live in their own modules register themselves here (check, watch, compare, dashboard)."""
-    import importlib
+def _register_commands() -> None:
+    """Faces that live in their own modules, registered in the order ``--help`` lists them. They always
+    ship with klwatch: a failing import here is a bug to see, not a command to hide."""
+    from .ci import check_command
+    from .compare import compare_command
+    from .dashboard_cli import dashboard_command
+    from .watch import watch_command
 
-    for module, name in (("klwatch.ci", "check"), ("klwatch.watch", "watch"),
-                         ("klwatch.compare", "compare"), ("klwatch.dashboard_cli", "dashboard")):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name == module:
-                continue
-            raise
-        app.command(name)(getattr(mod, f"{name}_command"))
+    for name, command in (("check", check_command), ("watch", watch_command), ("compare", compare_command),
+                          ("dashboard", dashboard_command)):
+        app.command(name)(command)
 
 
 def version_callback(value: bool) -> None:
@@ -92,7 +90,7 @@ def _main(version: Annotated[bool, typer.Option("--version", callback=version_ca
     """klwatch: the KL reference reset and the other bugs that live at checkpoint/resume boundaries."""
 
 
-_register_optional_commands()
+_register_commands()
 
 
 def main() -> None:
