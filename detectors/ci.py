@@ -42,12 +42,10 @@ class Problem:
         return self.verdict.boundary.step if self.verdict else (self.finding.step if self.finding else None)
 
 
-def known_detectors() -> list[str] | None:
-    """The names ``--fail-on`` accepts, or None when this build has no finding detectors to check against."""
-    try:
-        from .findings import DETECTORS
-    except ImportError:
-        return None
+def known_detectors() -> list[str]:
+    """The names ``--fail-on`` accepts: the reference reset, every finding detector, and ``all``."""
+    from .findings import DETECTORS  # here, not at the top: ``klwatch --help`` need not load every detector
+
     return [RESET, *DETECTORS, "all"]
 
 
@@ -59,9 +57,9 @@ def parse_fail_on(values: Sequence[str] | None) -> tuple[str, ...]:
     for v in values or DEFAULT_FAIL_ON:
         names.extend(x.strip() for x in v.split(",") if x.strip())
     known = known_detectors()
-    unknown = [n for n in names if known is not None and n not in known]
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"unknown detector(s) in --fail-on: {', '.join(unknown)} (known: {', '.join(known or [])})")
+        raise ValueError(f"unknown detector(s) in --fail-on: {', '.join(unknown)} (known: {', '.join(known)})")
     return tuple(dict.fromkeys(names)) or DEFAULT_FAIL_ON
 
 
