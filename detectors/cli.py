@@ -15,12 +15,11 @@ import typer
 from rich.console import Console
 
 from . import __version__
-from .cli_common import JunitOpt, ScanOptions, SourcesArg, report_errors, run_scan, with_scan_options
+from .cli_common import JunitOpt, ScanOptions, SourcesArg, err, report_errors, run_scan, with_scan_options
 from .report import EXIT_USAGE, exit_code, junit_xml, render_markdown, render_table, to_json
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Catch silent bugs at checkpoint/resume boundaries of RL post-training runs.")
-err = Console(stderr=True)
 
 
 @app.command("scan")

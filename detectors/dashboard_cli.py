@@ -13,11 +13,9 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
+from .cli_common import err
 from .report import EXIT_USAGE
-
-err = Console(stderr=True)
 
 
 def app_path() -> Path:
