@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..metrics import is_negated
-from ..model import Finding, LineageResult
+from ..model import Finding, LineageResult, Series
 from .base import FindingDetector, fmt
 
 
@@ -43,8 +42,7 @@ class KlRatchet(FindingDetector[KlRatchetConfig]):
         if len(resets) < cfg.min_resets or result.metric is None:
             return []
         reached = [float(v.kl_before) for v in resets]  # type: ignore[arg-type]
-        kl = result.lineage.series(result.metric)
-        values = -kl.values if is_negated(result.metric) else kl.values
+        values = Series.concat([p for p in result.lineage.kl_pieces() if p is not None]).values
         tail = values[np.isfinite(values)]
         last = float(np.median(tail[-5:])) if len(tail) else 0.0
         peak = float(np.max(tail)) if len(tail) else 0.0

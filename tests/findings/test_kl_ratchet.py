@@ -9,7 +9,8 @@ from klwatch.findings import KlRatchet, KlRatchetConfig
 NAME = "kl_ratchet"
 
 
-def ratchet_run(*, resumes: list[int], buggy: list[bool], total: int = 200, seed: int = 0, config: dict | None = None):
+def ratchet_run(*, resumes: list[int], buggy: list[bool], total: int = 200, seed: int = 0, config: dict | None = None,
+                key: str = "train/kl_penalty", sign: float = 1.0):
     """One process per stretch; at a buggy resume the reference is the resumed policy, so the KL
     grows again from zero; at a correct one it continues."""
     rng = np.random.default_rng(seed)
@@ -21,8 +22,8 @@ def ratchet_run(*, resumes: list[int], buggy: list[bool], total: int = 200, seed
             anchor = bounds[k]
         steps = np.arange(bounds[k] + 1, bounds[k + 1] + 1)
         kl = 0.06 * (1 - np.exp(-(steps - anchor) / 20.0)) * np.exp(rng.normal(0, 0.1, len(steps)))
-        procs.append({"train/kl_penalty": (steps, kl)})
-    return judge(procs, config=config, seed=seed)
+        procs.append({key: (steps, sign * kl)})
+    return judge(procs, config=config, seed=seed, with_kl=False)
 
 
 def test_several_resets_give_one_info_summary_of_the_drift():
@@ -35,6 +36,16 @@ def test_several_resets_give_one_info_summary_of_the_drift():
     assert f.data["cumulative_kl"] == pytest.approx(sum(f.data["kl_before_resets"]) + f.data["kl_since_last_reset"])
     assert f.data["understatement"] > 2.5  # four stretches of about the same KL each
     assert "51, 101, 151" in f.message
+
+
+def test_a_kl_logged_negated_is_summarised_as_a_distance():
+    plain = ratchet_run(resumes=[50, 100, 150], buggy=[True, True, True])
+    negated = ratchet_run(resumes=[50, 100, 150], buggy=[True, True, True], key="ppo_actor/kl_rewards/avg", sign=-1.0)
+    assert negated.lineage.kl_negated
+    [p], [n] = of(plain, NAME), of(negated, NAME)
+    assert n.data["reset_steps"] == p.data["reset_steps"]
+    assert n.data["max_logged_kl"] == pytest.approx(p.data["max_logged_kl"]) and n.data["max_logged_kl"] > 0
+    assert n.data["kl_since_last_reset"] == pytest.approx(p.data["kl_since_last_reset"])
 
 
 def test_a_single_reset_is_not_a_ratchet():
