@@ -147,7 +147,7 @@ def find_metric(names: Sequence[str], *, family: MetricFamily) -> str | None:
 LR = MetricFamily(
     names=("lr", "train/lr", "actor/lr", "train/learning_rate", "learning_rate", "optim/lr",
            "optimizer/lr", "train/lr_0", "critic/lr"),
-    leaf=r"(lr|learning_rate|learning-rate)([-_](pg|group)?_?\d+)?|lr-\w+",
+    leaf=r"((actor|critic|policy)_)?(lr|learning_rate|learning-rate|learningrate)([-_](pg|group)?_?\d+)?|lr-\w+",
 )
 GRAD_NORM = MetricFamily(
     names=("grad_norm", "train/grad_norm", "actor/grad_norm", "train/gradient_norm", "gradient_norm",
@@ -178,7 +178,7 @@ KL_COEF = MetricFamily(
 )
 ENTROPY = MetricFamily(
     names=("entropy", "train/entropy", "actor/entropy", "policy/entropy_avg", "objective/entropy", "actor/entropy_loss"),
-    leaf=r"(mean_|avg_)?entropy(_(mean|avg|loss))?",
+    leaf=r"(mean_|avg_|policy_|actor_)?entropy(_(mean|avg|loss))?",
 )
 REWARD = MetricFamily(
     names=("reward", "train/reward", "rewards/mean", "train/rewards/mean", "critic/score/mean", "critic/rewards/mean",
