@@ -10,7 +10,7 @@ dashboard can expose the thresholds and tests can pin them.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -95,6 +95,18 @@ def resumes_with_history(lineage: Lineage, name: str, *,
         _, after = before_after(lineage, b, name)
         if hist is not None and after is not None and len(hist) >= min_before:
             yield b, hist, after
+
+
+def judge_resumes(lineage: Lineage, name: str, judge: Callable[[Boundary, Series, Series], Finding | None], *,
+                  min_before: int) -> list[Finding]:
+    """``judge(boundary, history, after)`` at each resume where the metric can be judged
+    (``resumes_with_history``): the findings it returns, in boundary order."""
+    out: list[Finding] = []
+    for b, hist, after in resumes_with_history(lineage, name, min_before=min_before):
+        f = judge(b, hist, after)
+        if f is not None:
+            out.append(f)
+    return out
 
 
 def opening(lineage: Lineage, name: str, *, interval: int) -> Series | None:

@@ -16,13 +16,14 @@ reported as a warning (a changed config, or a partial restore).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from ..model import Boundary, Finding, LineageResult, Series
 from ..metrics import KL_COEF, MetricFamily, find_metric
 from ..stats import floored_log
-from .base import FindingDetector, fmt, log_interval, opening, piece_series, resumes_with_history
+from .base import FindingDetector, fmt, judge_resumes, log_interval, opening, piece_series
 
 
 @dataclass(frozen=True)
@@ -64,14 +65,10 @@ class KlCoefReset(FindingDetector[KlCoefResetConfig]):
         if np.ptp(allv) == 0:
             return []  # a fixed coefficient that never changed: nothing was reset
         open_ = opening(lineage, metric, interval=log_interval(parts))
-        out: list[Finding] = []
-        for b, hist, after in resumes_with_history(lineage, metric, min_before=cfg.min_points_before):
-            f = self._judge(b, metric, hist=hist, after=after, open_=open_, eps=eps, max_step=max_step)
-            if f is not None:
-                out.append(f)
-        return out
+        judge = partial(self._judge, metric=metric, open_=open_, eps=eps, max_step=max_step)
+        return judge_resumes(lineage, metric, judge, min_before=cfg.min_points_before)
 
-    def _judge(self, b: Boundary, metric: str, *, hist: Series, after: Series, open_, eps: float,
+    def _judge(self, b: Boundary, hist: Series, after: Series, *, metric: str, open_: Series | None, eps: float,
                max_step: float) -> Finding | None:
         cfg = self.config
         upto = b.resumed_from_step if b.resumed_from_step is not None else int(hist.steps[-1])

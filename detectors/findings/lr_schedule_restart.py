@@ -19,6 +19,7 @@ equal predictions and so no finding (a restarted constant schedule changes nothi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -28,7 +29,7 @@ from ..model import Boundary, Finding, LineageResult, Series
 from ..declarations import config_mentions
 from ..metrics import LR, MetricFamily, find_metric
 from ..stats import SECOND_DIFF_SCALE, floored_log, robust_sigma_about_zero, t_logpdf
-from .base import FindingDetector, fmt, log_interval, opening, piece_series, resumes_with_history
+from .base import FindingDetector, fmt, judge_resumes, log_interval, opening, piece_series
 
 
 @dataclass(frozen=True)
@@ -78,15 +79,11 @@ class LrScheduleRestart(FindingDetector[LrScheduleRestartConfig]):
         noise = _noise([floored_log(p.values, eps) for p in parts if p is not None], cfg.noise_floor)
         if _restarts_on_its_own(parts, eps=eps, cfg=cfg):
             return []
-        out: list[Finding] = []
-        for b, hist, after in resumes_with_history(lineage, metric, min_before=cfg.min_points_before):
-            f = self._judge(b, metric, hist=hist, after=after, open_=open_, eps=eps, noise=noise, interval=interval)
-            if f is not None:
-                out.append(f)
-        return out
+        judge = partial(self._judge, metric=metric, open_=open_, eps=eps, noise=noise, interval=interval)
+        return judge_resumes(lineage, metric, judge, min_before=cfg.min_points_before)
 
-    def _judge(self, b: Boundary, metric: str, *, hist: Series, after: Series, open_: Series, eps: float, noise: float,
-               interval: int) -> Finding | None:
+    def _judge(self, b: Boundary, hist: Series, after: Series, *, metric: str, open_: Series, eps: float,
+               noise: float, interval: int) -> Finding | None:
         cfg = self.config
         post = after.take(slice(0, cfg.window_after))
         pred0 = _continue(hist, post.steps)
