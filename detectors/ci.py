@@ -23,7 +23,7 @@ from .cli_common import JunitOpt, ScanOptions, SourcesArg, err, run_scan, with_s
 from .model import BoundaryVerdict, Finding, LineageResult, ScanResult
 from .pipeline import ScanConfig, scan
 from .reference_reset import ReferenceResetConfig
-from .report import EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, EXIT_USAGE, exit_code, junit_xml
+from .report import EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, EXIT_USAGE, escape_cell, exit_code, junit_xml
 
 RESET = "reference_reset"
 DEFAULT_FAIL_ON: tuple[str, ...] = (RESET,)
@@ -83,6 +83,7 @@ def check_exit_code(result: ScanResult, found: list[Problem]) -> int:
 
 
 def _g(x: float | None) -> str:
+    """A KL as a line shows it: 3 significant digits, ``-`` when missing or not finite."""
     return "-" if x is None or not math.isfinite(x) else f"{x:.3g}"
 
 
@@ -103,10 +104,12 @@ def problem_line(p: Problem) -> str:
 
 
 def _escape_data(s: str) -> str:
+    """A workflow command's message: ``%``, CR and LF encoded so a message stays one annotation."""
     return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
 def _escape_property(s: str) -> str:
+    """A workflow command's property (the title): ``:`` and ``,`` also end a property, so encode them."""
     return _escape_data(s).replace(":", "%3A").replace(",", "%2C")
 
 
@@ -124,6 +127,10 @@ def github_annotation(p: Problem) -> str:
 
 
 SPARK = "▁▂▃▄▅▆▇█"
+"""The sparkline's levels, lowest first."""
+
+SPARK_WIDTH = 60
+"""Characters a sparkline spreads a run's KL over (the resume markers come on top)."""
 
 
 def _kl_pieces(r: LineageResult) -> list[np.ndarray]:
@@ -133,7 +140,7 @@ def _kl_pieces(r: LineageResult) -> list[np.ndarray]:
     return [s.values[np.isfinite(s.values)] if s is not None else np.empty(0) for s in r.lineage.kl_pieces()]
 
 
-def sparkline(r: LineageResult, *, width: int = 60) -> tuple[str, str] | None:
+def sparkline(r: LineageResult, *, width: int = SPARK_WIDTH) -> tuple[str, str] | None:
     """The run's KL as unicode blocks, a ``│`` at every resume, and a caret line under flagged resumes.
 
     Each piece (stretch between restarts) gets width in proportion to its points; points are averaged
@@ -161,48 +168,64 @@ def sparkline(r: LineageResult, *, width: int = 60) -> tuple[str, str] | None:
     return "".join(line), "".join(marks).rstrip()
 
 
+SUMMARY_EXPLANATIONS = 3
+"""Reset explanations quoted under a run's sparkline in the step summary; more would bury the table."""
+
+
 def step_summary(result: ScanResult, found: list[Problem]) -> str:
     """The markdown appended to ``$GITHUB_STEP_SUMMARY``: verdict, a table, a sparkline per flagged run."""
-    runs = len(result.results)
-    boundaries = sum(len(r.verdicts) for r in result.results)
-    if found:
-        head = f"### ❌ klwatch check: {len(found)} problem(s) in {len({id(p.result) for p in found})} of {runs} training run(s)"
-    elif result.any_error or result.nothing_read:
-        head = f"### ⚠️ klwatch check: no reset found, but some sources could not be read ({runs} training run(s))"
-    else:
-        head = f"### ✅ klwatch check: no reference reset ({runs} training run(s), {boundaries} resume(s) judged)"
-    lines = [head, ""]
+    lines = [_summary_head(result, found), ""]
     if found:
         lines += ["| run | step | resumed from | problem | KL before → after | score |", "|---|---|---|---|---|---|"]
-        for p in found:
-            run = p.result.lineage.name.replace("|", "\\|")
-            if p.verdict is not None:
-                v, b = p.verdict, p.verdict.boundary
-                lines.append(f"| {run} | {b.step} | {'-' if b.resumed_from_step is None else b.resumed_from_step} | "
-                             f"**reference reset** | {_g(v.kl_before)} → {_g(v.kl_after)} | {v.score:.2f} |")
-            else:
-                assert p.finding is not None
-                msg = p.finding.message.replace("|", "\\|").replace("\n", " ")
-                lines.append(f"| {run} | {'-' if p.finding.step is None else p.finding.step} | - | "
-                             f"**{p.finding.detector}**: {msg} | - | - |")
+        lines += [_summary_row(p) for p in found]
         lines.append("")
-        seen: set[int] = set()
-        for p in found:
-            r = p.result
-            if id(r) in seen or p.verdict is None:
-                continue
-            seen.add(id(r))
-            spark = sparkline(r)
-            if spark is None:
-                continue
-            steps = [int(b.step) for b in r.lineage.boundaries]
-            lines += [f"**{r.lineage.name}** — `{r.metric}`, resumes at step(s) {', '.join(map(str, steps)) or '-'}; "
-                      "`^` marks a reference reset", "", "```text", f"KL {spark[0]}", f"   {spark[1]}", "```", ""]
-            lines += [f"> {v.explanation}" for v in r.verdicts if v.verdict == RESET][:3]
-            lines.append("")
+        lines += _summary_sparklines(found)
     if result.unreadable:
         lines += ["Could not read:", "", *[f"- {e}" for e in result.unreadable], ""]
     return "\n".join(lines) + "\n"
+
+
+def _summary_head(result: ScanResult, found: list[Problem]) -> str:
+    """The summary's one-line verdict: problems, else unreadable sources, else all clear."""
+    runs = len(result.results)
+    if found:
+        return f"### ❌ klwatch check: {len(found)} problem(s) in {len({id(p.result) for p in found})} of {runs} training run(s)"
+    if result.any_error or result.nothing_read:
+        return f"### ⚠️ klwatch check: no reset found, but some sources could not be read ({runs} training run(s))"
+    boundaries = sum(len(r.verdicts) for r in result.results)
+    return f"### ✅ klwatch check: no reference reset ({runs} training run(s), {boundaries} resume(s) judged)"
+
+
+def _summary_row(p: Problem) -> str:
+    """One problem as a row of the summary's markdown table."""
+    run = escape_cell(p.result.lineage.name)
+    if p.verdict is not None:
+        v, b = p.verdict, p.verdict.boundary
+        return (f"| {run} | {b.step} | {'-' if b.resumed_from_step is None else b.resumed_from_step} | "
+                f"**reference reset** | {_g(v.kl_before)} → {_g(v.kl_after)} | {v.score:.2f} |")
+    assert p.finding is not None
+    msg = escape_cell(p.finding.message).replace("\n", " ")
+    return f"| {run} | {'-' if p.finding.step is None else p.finding.step} | - | **{p.finding.detector}**: {msg} | - | - |"
+
+
+def _summary_sparklines(found: list[Problem]) -> list[str]:
+    """A sparkline block, with its first explanations quoted, for each run with a reset (once per run)."""
+    lines: list[str] = []
+    seen: set[int] = set()
+    for p in found:
+        r = p.result
+        if id(r) in seen or p.verdict is None:
+            continue
+        seen.add(id(r))
+        spark = sparkline(r)
+        if spark is None:
+            continue
+        steps = [int(b.step) for b in r.lineage.boundaries]
+        lines += [f"**{r.lineage.name}** — `{r.metric}`, resumes at step(s) {', '.join(map(str, steps)) or '-'}; "
+                  "`^` marks a reference reset", "", "```text", f"KL {spark[0]}", f"   {spark[1]}", "```", ""]
+        lines += [f"> {v.explanation}" for v in r.verdicts if v.verdict == RESET][:SUMMARY_EXPLANATIONS]
+        lines.append("")
+    return lines
 
 
 def junit_with_findings(result: ScanResult, found: list[Problem]) -> str:
@@ -239,7 +262,18 @@ def check_command(
     config = options.config()
     result = run_scan(sources, config, show_progress=False)
     found = problems(result, fail_on=names)
-    github = os.environ.get("GITHUB_ACTIONS") == "true"
+    _print_problems(result, found, github=os.environ.get("GITHUB_ACTIONS") == "true")
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        _append_step_summary(summary, step_summary(result, found))
+    if junit is not None:
+        junit.write_text(junit_with_findings(result, found))
+    raise typer.Exit(check_exit_code(result, found))
+
+
+def _print_problems(result: ScanResult, found: list[Problem], *, github: bool) -> None:
+    """One line per problem on stdout, then one per unreadable source or run (stderr, or annotations
+    on stdout under GitHub Actions)."""
     for p in found:
         print(github_annotation(p) if github else problem_line(p))
     n_sources = sum(len(s.errors) for s in result.sources)
@@ -247,16 +281,15 @@ def check_command(
         title = "klwatch: unreadable source" if i < n_sources else "klwatch: unreadable run"
         print(f"::error title={_escape_property(title)}::{_escape_data(msg)}" if github else f"error: {msg}",
               file=sys.stdout if github else sys.stderr)
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary:
-        try:
-            with open(summary, "a", encoding="utf-8") as fh:
-                fh.write(step_summary(result, found))
-        except OSError as exc:
-            err.print("[yellow]warning[/] " + escape(f"cannot append to GITHUB_STEP_SUMMARY {summary}: {exc}"), highlight=False)
-    if junit is not None:
-        junit.write_text(junit_with_findings(result, found))
-    raise typer.Exit(check_exit_code(result, found))
+
+
+def _append_step_summary(path: str, text: str) -> None:
+    """Append (never overwrite: earlier steps wrote there too); a summary that cannot be written only warns."""
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        err.print("[yellow]warning[/] " + escape(f"cannot append to GITHUB_STEP_SUMMARY {path}: {exc}"), highlight=False)
 
 
 # --------------------------------------------------------------------------------- Python API
@@ -286,17 +319,7 @@ def assert_no_reference_reset(
                         reference_reset=ReferenceResetConfig(reset_score=reset_score))
     result = scan([os.fspath(s) for s in sources], config=config)
     found = problems(result, fail_on=parse_fail_on(list(fail_on)))
-    msgs: list[str] = []
-    for p in found:
-        where = f"run {p.result.lineage.name!r} ({p.result.lineage.id})"
-        if p.verdict is not None:
-            v, b = p.verdict, p.verdict.boundary
-            since = f", resumed from step {b.resumed_from_step}" if b.resumed_from_step is not None else ""
-            msgs.append(f"KL reference reset in {where} at boundary step {b.step}{since}: KL before {_g(v.kl_before)}, "
-                        f"KL after {_g(v.kl_after)}, score {v.score:.2f}. {v.explanation}")
-        else:
-            assert p.finding is not None
-            msgs.append(f"{p.finding.detector} in {where}: {problem_line(p)}")
+    msgs = [_assertion_line(p) for p in found]
     unreadable = result.unreadable
     if result.nothing_read:
         msgs.append("klwatch could not read any run from " + ", ".join(map(os.fspath, sources)) +
@@ -310,6 +333,18 @@ def assert_no_reference_reset(
     if msgs:
         raise AssertionError("\n".join(msgs))
     return result
+
+
+def _assertion_line(p: Problem) -> str:
+    """One problem in the AssertionError: the run by name and id, so a test log points at it."""
+    where = f"run {p.result.lineage.name!r} ({p.result.lineage.id})"
+    if p.verdict is None:
+        assert p.finding is not None
+        return f"{p.finding.detector} in {where}: {problem_line(p)}"
+    v, b = p.verdict, p.verdict.boundary
+    since = f", resumed from step {b.resumed_from_step}" if b.resumed_from_step is not None else ""
+    return (f"KL reference reset in {where} at boundary step {b.step}{since}: KL before {_g(v.kl_before)}, "
+            f"KL after {_g(v.kl_after)}, score {v.score:.2f}. {v.explanation}")
 
 
 __all__ = ["assert_no_reference_reset", "check_command", "problems", "step_summary", "sparkline", "Problem"]

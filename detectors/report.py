@@ -43,6 +43,7 @@ def round_sig(x: float | None, digits: int = REPORT_DIGITS) -> float | None:
 
 
 def boundary_dict(v: BoundaryVerdict) -> dict[str, Any]:
+    """One boundary of the JSON report (SPEC ``boundaries``): numbers rounded so reports compare byte for byte."""
     b = v.boundary
     return {
         "step": int(b.step),
@@ -59,6 +60,7 @@ def boundary_dict(v: BoundaryVerdict) -> dict[str, Any]:
 
 
 def lineage_dict(r: LineageResult) -> dict[str, Any]:
+    """One training run of the JSON report (SPEC ``lineages``), its boundaries in step order."""
     lin = r.lineage
     members = []
     prefer = (lin.kl_metric,) if lin.kl_metric else ()
@@ -98,10 +100,12 @@ def to_dict(result: ScanResult) -> dict[str, Any]:
 
 
 def to_json(result: ScanResult) -> str:
+    """The JSON report as text, indented for people and diffs."""
     return json.dumps(to_dict(result), indent=2)
 
 
 def _fmt(x: float | None) -> str:
+    """A KL in a table cell: 3 significant digits."""
     return "-" if x is None else f"{x:.3g}"
 
 
@@ -143,6 +147,7 @@ def render_table(result: ScanResult, console: Any) -> None:
 
 
 def summary_line(result: ScanResult) -> str:
+    """One line under the table: runs by status and how many boundaries were a reference reset."""
     counts: dict[str, int] = {}
     for r in result.results:
         counts[r.status] = counts.get(r.status, 0) + 1
@@ -151,11 +156,17 @@ def summary_line(result: ScanResult) -> str:
     return f"{len(result.results)} training run(s): {parts or 'none'}; {resets} boundary(ies) judged reference_reset."
 
 
+def escape_cell(text: str) -> str:
+    """Text for a markdown table cell: a ``|`` would end the cell."""
+    return text.replace("|", "\\|")
+
+
 def render_markdown(result: ScanResult) -> str:
+    """The markdown report (``--format markdown``): the table, what could not be read, the summary line."""
     lines = ["| run | tracker | status | metric | step | evidence | verdict | score | KL before → after |",
              "|---|---|---|---|---|---|---|---|---|"]
     for row in rows(result):
-        cells = [row[k].replace("|", "\\|") for k in ("run", "tracker", "status", "metric", "step", "evidence", "verdict", "score", "kl")]
+        cells = [escape_cell(row[k]) for k in ("run", "tracker", "status", "metric", "step", "evidence", "verdict", "score", "kl")]
         cells[2] = f"**{cells[2]}**" if row["status"] == "reference_reset" else cells[2]
         lines.append("| " + " | ".join(cells).replace("->", "→") + " |")
     if result.unreadable:
