@@ -18,10 +18,11 @@ from .cli_common import MetricOpt, err
 from .comparison import CompareConfig, Comparison, compare_runs, first_resume, fmt_ratio
 from .model import LineageResult
 from .pipeline import ScanConfig, matches_pattern, scan
-from .report import round_sig
+from .report import EXIT_UNREADABLE, EXIT_USAGE, round_sig
 from .sources import split_pattern
 
-EXIT_AGREE, EXIT_PARTED, EXIT_USAGE, EXIT_UNREADABLE = 0, 1, 2, 3
+EXIT_AGREE, EXIT_PARTED = 0, 1
+"""The curves agree; they part after the resume (bad usage and unreadable exit as ``scan`` does)."""
 SCHEMA = "klwatch.compare/1"
 
 
