@@ -1,0 +1,199 @@
+"""``klwatch.report``: one scan rendered as the exit code, the JSON report of SPEC.md, the markdown and
+terminal tables and JUnit XML, from real TensorBoard runs covering every status a training run can get."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import pytest
+from rich.console import Console
+
+from klwatch.model import ScanResult
+from klwatch.pipeline import ScanConfig, scan
+from klwatch.report import (EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, EXIT_USAGE, exit_code, junit_xml, render_markdown,
+                            render_table, round_sig, rows, to_dict, to_json)
+from spec_shape import check_report
+from tb_runs import write_run
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder per status: a reset (its name holds a ``|``), an ok resume, KL off, no KL logged, too
+    few points, and a folder whose only event file is corrupt."""
+    root = tmp_path_factory.mktemp("report")
+    runs = root / "runs"
+    write_run(runs / "grpo|buggy", resumes=[40], buggy=True)
+    write_run(runs / "grpo-fixed", resumes=[40], buggy=False)
+    write_run(runs / "kl-off", resumes=[40], buggy=True, kl_scale=0.0)
+    write_run(runs / "no-kl", resumes=[40], buggy=False, metric="train/reward")
+    write_run(runs / "short", resumes=[], buggy=False, last=3)
+    bad = root / "bad"
+    bad.mkdir()
+    good = sorted((runs / "grpo-fixed").iterdir())[0]
+    corrupt = bytearray(good.read_bytes())
+    corrupt[60] ^= 0xFF  # inside the first record's data: a CRC mismatch, not a cut-off tail
+    (bad / "events.out.tfevents.456.host").write_bytes(bytes(corrupt))
+    return root
+
+
+def scan_of(*sources: Path | str, config: ScanConfig = ScanConfig()) -> ScanResult:
+    return scan([str(s) for s in sources], config=config)
+
+
+@pytest.fixture(scope="module")
+def everything(logs: Path) -> ScanResult:
+    """Every run, the corrupt folder and a source that does not exist."""
+    return scan_of(logs / "runs", logs / "bad", logs / "missing")
+
+
+def by_name(result: ScanResult) -> dict[str, str]:
+    return {r.lineage.name: r.status for r in result.results}
+
+
+def test_the_fixture_covers_every_status_a_run_can_get(everything):
+    assert sorted(by_name(everything).values()) == sorted(
+        ["reference_reset", "ok", "kl_disabled", "no_kl_metric", "insufficient_data", "error"])
+
+
+# -------------------------------------------------------------------------------------- exit code
+
+
+def test_exit_code_is_0_when_every_run_reads_and_none_resets(logs):
+    assert exit_code(scan_of(logs / "runs" / "grpo-fixed", logs / "runs" / "kl-off")) == EXIT_OK == 0
+
+
+def test_exit_code_is_1_on_a_reset_even_when_other_sources_are_unreadable(logs, everything):
+    assert exit_code(scan_of(logs / "runs" / "grpo|buggy")) == EXIT_RESET == 1
+    assert everything.any_error and exit_code(everything) == EXIT_RESET
+
+
+def test_exit_code_is_2_when_nothing_at_all_could_be_read(logs):
+    assert exit_code(scan_of(logs / "missing")) == EXIT_USAGE == 2
+    assert exit_code(scan_of(logs / "bad")) == EXIT_USAGE  # the corrupt file is the only one there
+
+
+def test_exit_code_is_3_when_some_sources_are_unreadable_and_no_run_resets(logs):
+    assert exit_code(scan_of(logs / "runs" / "grpo-fixed", logs / "missing")) == EXIT_UNREADABLE == 3
+    assert exit_code(scan_of(logs / "runs" / "grpo-fixed", logs / "bad")) == EXIT_UNREADABLE
+
+
+def test_a_declared_intentional_reset_exits_0(logs):
+    result = scan_of(logs / "runs" / "grpo|buggy", config=ScanConfig(intentional_resets=(41,)))
+    assert by_name(result) == {"grpo|buggy": "intentional"} and exit_code(result) == EXIT_OK
+
+
+# ------------------------------------------------------------------------------------- JSON report
+
+
+def test_the_json_report_has_the_shape_spec_md_fixes(everything):
+    report = to_dict(everything)
+    check_report(report)
+    assert json.loads(to_json(everything)) == report
+    assert [s["spec"] for s in report["sources"]] == [str(s.spec) for s in everything.sources]
+    missing = next(s for s in report["sources"] if s["spec"].endswith("missing"))
+    assert missing["error"] and missing["kinds"] == []
+
+
+def test_the_json_report_names_the_reset_boundary_with_rounded_numbers(everything):
+    lineages = {lin["name"]: lin for lin in to_dict(everything)["lineages"]}
+    buggy = lineages["grpo|buggy"]
+    [b] = buggy["boundaries"]
+    assert buggy["status"] == "reference_reset" and buggy["metric"] == "train/kl_penalty"
+    assert b["step"] == 41 and b["resumed_from_step"] == 40 and b["verdict"] == "reference_reset"
+    [v] = next(r for r in everything.results if r.lineage.name == "grpo|buggy").verdicts
+    assert b["kl_before"] == round_sig(v.kl_before) and b["score"] == round(v.score, 4)
+    assert [m["first_step"] for m in buggy["members"]] == [1, 41]
+    assert lineages["events.out.tfevents.456.host"]["error"].count("corrupt event file") >= 1
+    assert lineages["no-kl"]["findings"][0]["detector"] == "kl_metric"
+
+
+def test_round_sig_keeps_six_significant_digits_and_drops_what_json_cannot_hold():
+    assert round_sig(0.123456789) == 0.123457 and round_sig(123456789.0) == 123457000.0
+    assert round_sig(None) is None and round_sig(float("nan")) is None and round_sig(float("inf")) is None
+
+
+# ----------------------------------------------------------------------------------- tables
+
+
+def test_rows_give_one_row_per_boundary_and_one_per_run_without_any(everything):
+    table = rows(everything)
+    assert len(table) == sum(max(1, len(r.verdicts)) for r in everything.results)
+    short = next(row for row in table if row["run"] == "short")
+    assert short["step"] == "-" and short["verdict"] == "-"
+    no_kl = next(row for row in table if row["run"] == "no-kl")
+    assert no_kl["step"] == "41" and no_kl["verdict"] == "inconclusive"
+    buggy = next(row for row in table if row["run"] == "grpo|buggy")
+    assert buggy["verdict"] == "reference_reset" and buggy["kl"].count(" -> ") == 1
+
+
+def test_markdown_escapes_a_pipe_in_a_cell_so_the_table_keeps_its_columns(everything):
+    text = render_markdown(everything)
+    line = next(ln for ln in text.splitlines() if "grpo" in ln and "buggy" in ln)
+    assert "grpo\\|buggy" in line and "grpo|buggy" not in line.replace("\\|", "")
+    header = text.splitlines()[0]
+    assert line.replace("\\|", "").count("|") == header.count("|")
+    assert "| **reference_reset** |" in line and "→" in line and "->" not in line
+
+
+def test_markdown_lists_what_could_not_be_read_and_ends_with_the_summary(everything):
+    lines = render_markdown(everything).splitlines()
+    errors = lines[lines.index("Errors:") + 1:lines.index("Errors:") + 1 + len(everything.unreadable)]
+    assert errors == [f"- {e}" for e in everything.unreadable] and len(errors) == 2
+    assert lines[-1].startswith("6 training run(s): ") and "1 boundary(ies) judged reference_reset" in lines[-1]
+
+
+def test_the_terminal_table_shows_every_run_with_its_status_and_the_summary(everything):
+    buf = io.StringIO()
+    render_table(everything, Console(file=buf, width=240, force_terminal=False))
+    text = buf.getvalue()
+    for name, status in by_name(everything).items():
+        line = next(ln for ln in text.splitlines() if name in ln)
+        assert status in line
+    assert text.rstrip().splitlines()[-1].startswith("6 training run(s): 1 error, 1 insufficient_data")
+
+
+# ------------------------------------------------------------------------------------------ JUnit
+
+
+def junit(result: ScanResult, **kwargs) -> ET.Element:
+    return ET.fromstring(junit_xml(result, **kwargs))
+
+
+def case(suite: ET.Element, name: str) -> ET.Element:
+    return next(c for c in suite.iter("testcase") if c.get("name") == name)
+
+
+def test_junit_counts_a_failure_per_reset_an_error_per_unreadable_and_skips_what_is_not_judged(everything):
+    suite = junit(everything)
+    assert suite.get("tests") == "7"  # six runs and the missing source
+    assert (suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("1", "2", "3")
+    failure = case(suite, "grpo|buggy").find("failure")
+    assert failure.get("type") == "reference_reset" and failure.get("message").startswith("reference reset at 1 resume(s): step 41")
+    assert failure.text == everything.results[[r.lineage.name for r in everything.results].index("grpo|buggy")].verdicts[0].explanation
+    assert case(suite, "events.out.tfevents.456.host").find("error").get("type") == "error"
+    assert [c.find("error").get("type") for c in suite.iter("testcase") if c.get("classname") == "klwatch.source"] == ["source_error"]
+    assert {c.get("name") for c in suite.iter("testcase") if c.find("skipped") is not None} == {"kl-off", "no-kl", "short"}
+    assert case(suite, "grpo-fixed").find("failure") is None and case(suite, "grpo-fixed").find("system-out").text.startswith("step 41 ")
+
+
+def test_junit_finding_failures_fail_a_skipped_run_and_add_to_a_reset(everything):
+    runs = {r.lineage.name: r for r in everything.results}
+    failing = [(runs["kl-off"], "kl-off: lr_schedule_restart at step 41: restarted"),
+               (runs["grpo|buggy"], "grpo|buggy: kl_coef_reset at step 41: reset"),
+               (runs["grpo|buggy"], "grpo|buggy: data_order_restart at step 41: again")]
+    suite = junit(everything, finding_failures=failing)
+    assert (suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("2", "2", "2")
+    kl_off = case(suite, "kl-off")
+    assert kl_off.find("skipped") is None and [e.tag for e in kl_off] == ["failure", "system-out"]
+    assert kl_off.find("failure").get("type") == "finding" and kl_off.find("failure").get("message") == failing[0][1]
+    text = case(suite, "grpo|buggy").find("failure").text.splitlines()
+    assert text[-2:] == [failing[1][1], failing[2][1]]
+
+
+def test_junit_without_finding_failures_is_what_the_scan_writes(everything):
+    assert junit_xml(everything, finding_failures=()) == junit_xml(everything)
+    assert junit_xml(everything).startswith("<?xml version='1.0' encoding=")
+
