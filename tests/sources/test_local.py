@@ -14,7 +14,8 @@ import json
 import os
 import shutil
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -308,10 +309,18 @@ def test_a_table_that_holds_no_run_is_an_error_when_it_is_the_file_named(tmp_pat
     assert read.kinds == ["table"] and read.warnings == []
 
 
-def skip_unless_permissions_hold(path: Path) -> None:
-    """Root (or a process with CAP_DAC_OVERRIDE) reads anything: then there is nothing to test."""
-    if os.access(path, os.R_OK):
-        pytest.skip("this process reads files whatever their permissions (root)")
+@contextmanager
+def without_permissions(path: Path) -> Iterator[None]:
+    """``path`` with no permissions inside the block, its own back after it. Root (or a process with
+    CAP_DAC_OVERRIDE) reads anything: then there is nothing to test, and the test is skipped."""
+    mode = path.stat().st_mode & 0o777
+    path.chmod(0)
+    try:
+        if os.access(path, os.R_OK):
+            pytest.skip("this process reads files whatever their permissions (root)")
+        yield
+    finally:
+        path.chmod(mode)
 
 
 def test_a_folder_that_cannot_be_listed_is_an_error_and_the_rest_is_still_read(
@@ -319,33 +328,22 @@ def test_a_folder_that_cannot_be_listed_is_an_error_and_the_rest_is_still_read(
     write_tbx(tmp_path / "ok", KL)
     locked = tmp_path / "locked"
     locked.mkdir()
-    locked.chmod(0)
-    try:
-        skip_unless_permissions_hold(locked)
+    with without_permissions(locked):
         read = read_local(str(tmp_path))
-    finally:
-        locked.chmod(0o755)
     assert read.kinds == ["tensorboard"]
     assert [e.ref for e in read.errors] == [str(locked)]
     assert read.errors[0].message.startswith(f"cannot list {locked}")
     shutil.rmtree(tmp_path / "ok")
-    locked.chmod(0)
-    try:
+    with without_permissions(locked):
         read = read_local(str(tmp_path))
-    finally:
-        locked.chmod(0o755)
     # nothing read, but the error says why: no "no runs found" on top of it
     assert read.segments == [] and [e.ref for e in read.errors] == [str(locked)]
 
 
 def test_an_unreadable_path_is_a_permission_error_naming_it(tmp_path: Path) -> None:
     path = write_csv(tmp_path / "metrics.csv", range(3))
-    path.chmod(0)
-    try:
-        skip_unless_permissions_hold(path)
+    with without_permissions(path):
         read = read_local(str(path))
-    finally:
-        path.chmod(0o644)
     assert read.errors == [SourceError(str(path), f"permission denied: {path}")] and read.segments == []
 
 
