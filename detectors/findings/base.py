@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 
 from ..detector import Detector
+from ..metrics import MetricFamily, find_metric
 from ..model import Boundary, Finding, Lineage, LineageResult, Series
 from ..stats import last_per_step
 
@@ -74,6 +75,12 @@ def before_after(lineage: Lineage, boundary: Boundary, name: str) -> tuple[Serie
     after = parts[k] if k < len(parts) else None
     before = next((parts[j] for j in range(k - 1, -1, -1) if parts[j] is not None), None)
     return before, after
+
+
+def resumed_metric(lineage: Lineage, family: MetricFamily) -> str | None:
+    """The run's metric of ``family`` when the run has a resume to judge it at, else None."""
+    metric = find_metric(lineage.metric_names(), family=family)
+    return metric if lineage.boundaries else None
 
 
 def history(lineage: Lineage, boundary: Boundary, name: str) -> Series | None:

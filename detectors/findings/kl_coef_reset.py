@@ -21,9 +21,9 @@ from functools import partial
 import numpy as np
 
 from ..model import Boundary, Finding, LineageResult, Series
-from ..metrics import KL_COEF, MetricFamily, find_metric
+from ..metrics import KL_COEF, MetricFamily
 from ..stats import floored_log
-from .base import FindingDetector, fmt, judge_resumes, log_interval, opening, piece_series
+from .base import FindingDetector, fmt, judge_resumes, log_interval, opening, piece_series, resumed_metric
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,8 @@ class KlCoefReset(FindingDetector[KlCoefResetConfig]):
     def detect(self, result: LineageResult) -> list[Finding]:
         cfg = self.config
         lineage = result.lineage
-        metric = find_metric(lineage.metric_names(), family=cfg.family)
-        if metric is None or not lineage.boundaries:
+        metric = resumed_metric(lineage, cfg.family)
+        if metric is None:
             return []
         parts = piece_series(lineage, metric)
         present = [p for p in parts if p is not None]

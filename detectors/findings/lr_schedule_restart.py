@@ -27,9 +27,9 @@ from scipy.special import expit, logsumexp
 
 from ..model import Boundary, Finding, LineageResult, Series
 from ..declarations import config_mentions
-from ..metrics import LR, MetricFamily, find_metric
+from ..metrics import LR, MetricFamily
 from ..stats import SECOND_DIFF_SCALE, floored_log, robust_sigma_about_zero, t_logpdf
-from .base import FindingDetector, fmt, judge_resumes, log_interval, opening, piece_series
+from .base import FindingDetector, fmt, judge_resumes, log_interval, opening, piece_series, resumed_metric
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,8 @@ class LrScheduleRestart(FindingDetector[LrScheduleRestartConfig]):
     def detect(self, result: LineageResult) -> list[Finding]:
         cfg = self.config
         lineage = result.lineage
-        metric = find_metric(lineage.metric_names(), family=cfg.family)
-        if metric is None or not lineage.boundaries:
+        metric = resumed_metric(lineage, cfg.family)
+        if metric is None:
             return []
         declared = config_mentions(lineage.config, key=cfg.declared_key, value=cfg.declared_value)
         if declared:
