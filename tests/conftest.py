@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from mlflow_server import MlflowServer, launch_mlflow_server, start_mlflow_server
+from webhook_receiver import Receiver
 
 _background: dict[str, MlflowServer] = {}
 
@@ -51,3 +52,11 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A webhook receiver on 127.0.0.1 that records every POST (``Receiver(fail_first=n)`` for retries)."""
+    r = Receiver().start()
+    yield r
+    r.stop()

@@ -11,16 +11,9 @@ from dataclasses import replace
 import pytest
 
 from klwatch.alert_store import AlertState, DeliveryConfig, Sink, StateLocked, deliver
-from test_alerts import ALERT, Receiver
+from test_alerts import ALERT
 
 SECRET_PATH = "/services/T0AAA1111/B0BBB2222/xoxTOKEN12345"
-
-
-@pytest.fixture
-def receiver():
-    r = Receiver().start()
-    yield r
-    r.stop()
 
 
 @pytest.fixture

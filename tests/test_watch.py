@@ -15,14 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pytest
 from typer.testing import CliRunner
 
 from klwatch.pipeline import ScanConfig
 from klwatch.alert_store import AlertState, Sink
 from klwatch.read_cache import LocalReadCache
 from klwatch.watch import watch_pass
-from test_alerts import Receiver
 from tb_runs import write_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,13 +41,6 @@ class Result:
     returncode: int
     stdout: str
     stderr: str
-
-
-@pytest.fixture
-def receiver():
-    r = Receiver().start()
-    yield r
-    r.stop()
 
 
 def alerts_in(state: Path) -> list[tuple]:
