@@ -39,6 +39,7 @@ class Problem:
 
     @property
     def step(self) -> int | None:
+        """Where the problem is: the reset boundary's step, else the finding's (None when it has none)."""
         return self.verdict.boundary.step if self.verdict else (self.finding.step if self.finding else None)
 
 

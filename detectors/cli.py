@@ -78,6 +78,7 @@ def _register_commands() -> None:
 
 
 def version_callback(value: bool) -> None:
+    """``--version``: print it and stop before any command runs."""
     if value:
         print(f"klwatch {__version__}")
         raise typer.Exit(0)

@@ -85,6 +85,7 @@ def with_scan_options(command: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(command)
     def run(**kwargs: Any) -> None:
+        """The command as typer calls it: the scan options gathered back into one ScanOptions."""
         options = ScanOptions(**{n: kwargs.pop(n) for n in names})
         command(**kwargs, options=options)
 

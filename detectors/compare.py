@@ -141,6 +141,7 @@ def _resume_step(r_run: LineageResult, *, spec: str, from_step: int | None) -> t
 
 
 def _g(x: float | None) -> str:
+    """A KL value in the table: 4 significant digits, ``-`` when missing."""
     return "-" if x is None else f"{x:.4g}"
 
 

@@ -51,6 +51,8 @@ MIN_TEST_POINTS = 3
 
 @dataclass(frozen=True)
 class CompareConfig:
+    """How far apart two runs' KL may be before they count as parted (the ``klwatch compare`` options)."""
+
     sigmas: float = 4.0
     """Tolerance in units of the gap noise."""
     min_tolerance: float = 0.05
@@ -202,6 +204,7 @@ def _conclude(out: Comparison, config: CompareConfig, *, n_post: int) -> None:
 
 
 def _ratio(a: float, b: float) -> float | None:
+    """a / b, None when only b is zero (no finite ratio), 1 when both are (they agree)."""
     if b == 0:
         return None if a != 0 else 1.0
     return float(a / b)
