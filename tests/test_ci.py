@@ -105,6 +105,24 @@ def test_exit_codes_for_unreadable_sources(runs, tmp_path):
     assert gh.exit_code == 3 and gh.stdout.startswith("::error title=klwatch%3A unreadable source::")
 
 
+def test_an_unreadable_run_is_its_own_annotation_after_the_unreadable_sources(runs, tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    good = sorted((runs / "good" / "grpo-fixed").iterdir())[0]
+    corrupt = bytearray(good.read_bytes())
+    corrupt[60] ^= 0xFF
+    (bad / "events.out.tfevents.456.host").write_bytes(bytes(corrupt))
+    gh = check(runs / "good", tmp_path / "missing", bad, env={"GITHUB_ACTIONS": "true"})
+    assert gh.exit_code == 3
+    lines = gh.stdout.splitlines()
+    assert [ln.split("::")[1] for ln in lines] == ["error title=klwatch%3A unreadable source",
+                                                   "error title=klwatch%3A unreadable run"]
+    assert "missing" in lines[0] and "corrupt event file" in lines[1]
+    plain = check(runs / "good", bad)
+    assert plain.exit_code == 3 and plain.stdout == ""
+    assert plain.stderr.startswith("error: events.out.tfevents.456.host: ") and "corrupt event file" in plain.stderr
+
+
 def test_sparkline_marks_each_reset_under_its_resume(runs):
     result = scan([str(runs / "bad" / "grpo-ratchet")], config=ScanConfig(findings=False))
     spark, marks = sparkline(result.results[0], width=40)

@@ -16,8 +16,10 @@ import pytest
 from typer.testing import CliRunner
 
 from klwatch.cli import app
-from klwatch.comparison import CompareConfig, compare_series
+from klwatch.comparison import CompareConfig, compare_runs, compare_series, first_resume, kl_series
 from klwatch.model import Series
+from klwatch.pipeline import ScanConfig, scan
+from tb_runs import write_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -119,6 +121,28 @@ def test_runs_that_differ_before_the_resume_are_warned_about():
     c = curve(STEPS, noise=0.01)
     cmp = compare_series(Series(STEPS, c), Series(STEPS, c * 3), resume_step=41, config=CompareConfig())
     assert any("already differ before the resume" in w for w in cmp.warnings)
+
+
+# ------------------------------------------------------------------------------ two training runs
+
+
+def test_compare_runs_reads_a_negated_kl_as_a_distance_and_says_what_makes_the_pair_doubtful(tmp_path):
+    """CONTROL logs the KL negated (as a reward term) under another name and resumed once; RESUMED logs
+    the same KL (same seed) as a distance. Read through Lineage.kl_pieces they are the same curve."""
+    write_run(tmp_path / "control", resumes=[40], buggy=False, metric="ppo_actor/kl_rewards/avg", kl_scale=-0.05)
+    write_run(tmp_path / "fixed", resumes=[40], buggy=False)
+    write_run(tmp_path / "buggy", resumes=[40], buggy=True)
+    [control], [fixed], [buggy] = (scan([str(tmp_path / name)], config=ScanConfig(findings=False)).results
+                                   for name in ("control", "fixed", "buggy"))
+    assert control.lineage.kl_negated and (kl_series(control).values > 0).all()
+    assert first_resume(fixed) == first_resume(buggy) == 41
+    agree = compare_runs(control, fixed, resume_step=41)
+    assert agree.verdict == "agree" and agree.max_ratio == pytest.approx(1.0, rel=1e-6)
+    assert agree.warnings == ["CONTROL control has resumes of its own (steps 41): it is not a continuous run",
+                              "the runs log KL under different names: ppo_actor/kl_rewards/avg (CONTROL) vs "
+                              "train/kl_penalty (RESUMED)"]
+    parted = compare_runs(control, buggy, resume_step=41)
+    assert parted.verdict == "parted" and parted.part_step == 41 and parted.ratio < 0.2
 
 
 # ---------------------------------------------------------------------------- the generator's runs
