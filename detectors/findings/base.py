@@ -92,6 +92,14 @@ def history(lineage: Lineage, boundary: Boundary, name: str) -> Series | None:
     return last_per_step(Series.concat(parts))
 
 
+def restored_values(hist: Series, boundary: Boundary) -> np.ndarray:
+    """The ``history`` values up to the checkpoint the run resumed from: what the resumed process
+    should continue from (all of them when that step is unknown or nothing was logged up to it)."""
+    upto = boundary.resumed_from_step if boundary.resumed_from_step is not None else int(hist.steps[-1])
+    known = hist.values[hist.steps <= upto]
+    return known if len(known) else hist.values
+
+
 def resumes_with_history(lineage: Lineage, name: str, *,
                          min_before: int) -> Iterator[tuple[Boundary, Series, Series]]:
     """Each resume at which the metric can be judged, with its ``history`` before the resume and its

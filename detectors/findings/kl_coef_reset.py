@@ -23,7 +23,8 @@ import numpy as np
 from ..model import Boundary, Finding, LineageResult, Series
 from ..metrics import KL_COEF, MetricFamily
 from ..stats import floored_log
-from .base import FindingDetector, fmt, judge_resumes, log_interval, opening, piece_series, resumed_metric
+from .base import (FindingDetector, fmt, judge_resumes, log_interval, opening, piece_series, restored_values,
+                   resumed_metric)
 
 
 @dataclass(frozen=True)
@@ -71,9 +72,7 @@ class KlCoefReset(FindingDetector[KlCoefResetConfig]):
     def _judge(self, b: Boundary, hist: Series, after: Series, *, metric: str, open_: Series | None, eps: float,
                max_step: float) -> Finding | None:
         cfg = self.config
-        upto = b.resumed_from_step if b.resumed_from_step is not None else int(hist.steps[-1])
-        known = hist.steps <= upto
-        before = float(hist.values[known][-1]) if np.any(known) else float(hist.values[-1])
+        before = float(restored_values(hist, b)[-1])
         first = float(after.values[0])
         jump = float(abs(floored_log(first, eps) - floored_log(before, eps)))
         threshold = max(cfg.min_jump, cfg.jump_factor * max_step)

@@ -48,7 +48,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ..model import Boundary, Finding, Lineage, LineageResult, Series
 from ..metrics import GRAD_NORM, LOSS, LR, MetricFamily, find_metric
 from ..stats import FIRST_DIFF_SCALE, floored_log, mad, pooled_diff_noise
-from .base import FindingDetector, before_after, fmt, history, piece_series
+from .base import FindingDetector, before_after, fmt, history, piece_series, restored_values
 
 APPROX_KL = MetricFamily(
     names=("actor/ppo_kl", "ppo_kl", "train/approxkl", "approxkl", "policy/approxkl_avg", "train/approx_kl",
@@ -295,9 +295,7 @@ class OptimizerStateLost(FindingDetector[OptimizerStateLostConfig]):
         _, after = before_after(lineage, b, lr)
         if hist is None or after is None:
             return None
-        upto = b.resumed_from_step if b.resumed_from_step is not None else int(hist.steps[-1])
-        known = hist.values[hist.steps <= upto]
-        level = float(np.median((known if len(known) else hist.values)[-3:]))
+        level = float(np.median(restored_values(hist, b)[-3:]))
         first = float(np.mean(after.values[: self.config.step_window_after]))
         if level <= 0:
             return first > 0
