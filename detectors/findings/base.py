@@ -22,6 +22,7 @@ from ..stats import last_per_step
 
 Severity = Literal["error", "warning", "info"]
 C = TypeVar("C")
+T = TypeVar("T")
 
 
 class FindingDetector(Detector[C], ABC):
@@ -70,8 +71,12 @@ def piece_series(lineage: Lineage, name: str) -> list[Series | None]:
 
 def before_after(lineage: Lineage, boundary: Boundary, name: str) -> tuple[Series | None, Series | None]:
     """The metric in the nearest earlier piece that logs it, and in the piece the boundary starts."""
-    parts = piece_series(lineage, name)
-    k = boundary.piece_index
+    return around(piece_series(lineage, name), boundary.piece_index)
+
+
+def around(parts: Sequence[T | None], k: int) -> tuple[T | None, T | None]:
+    """Per-piece data either side of the boundary that starts piece ``k``: the nearest earlier piece's
+    that is there, and piece ``k``'s (None where there is none)."""
     after = parts[k] if k < len(parts) else None
     before = next((parts[j] for j in range(k - 1, -1, -1) if parts[j] is not None), None)
     return before, after

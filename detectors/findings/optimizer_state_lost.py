@@ -48,7 +48,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ..model import Boundary, Finding, Lineage, LineageResult, Series
 from ..metrics import GRAD_NORM, LOSS, LR, MetricFamily, find_metric
 from ..stats import FIRST_DIFF_SCALE, floored_log, mad, pooled_diff_noise
-from .base import FindingDetector, before_after, fmt, history, piece_series, restored_values
+from .base import FindingDetector, around, before_after, fmt, history, piece_series, restored_values
 
 APPROX_KL = MetricFamily(
     names=("actor/ppo_kl", "ppo_kl", "train/approxkl", "approxkl", "policy/approxkl_avg", "train/approx_kl",
@@ -265,8 +265,7 @@ class OptimizerStateLost(FindingDetector[OptimizerStateLostConfig]):
         out = []
         for b in lineage.boundaries:
             k = b.piece_index
-            before = next((prep.parts[j] for j in range(k - 1, -1, -1) if prep.parts[j] is not None), None)
-            after = prep.parts[k] if k < len(prep.parts) else None
+            before, after = around(prep.parts, k)
             if before is None or after is None or len(before[0]) < cfg.min_points_before:
                 continue
             pre_tr, pre_raw = before[2][-cfg.window_before:], before[1][-cfg.window_before:]
