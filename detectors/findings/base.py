@@ -69,6 +69,12 @@ def piece_series(lineage: Lineage, name: str) -> list[Series | None]:
     return [finite(p.get(name)) for p in lineage.pieces]
 
 
+def pooled_values(parts: Sequence[Series | None]) -> np.ndarray:
+    """Every value of a metric over the pieces that log it (empty when none does)."""
+    present = [p.values for p in parts if p is not None]
+    return np.concatenate(present) if present else np.empty(0)
+
+
 def before_after(lineage: Lineage, boundary: Boundary, name: str) -> tuple[Series | None, Series | None]:
     """The metric in the nearest earlier piece that logs it, and in the piece the boundary starts."""
     return around(piece_series(lineage, name), boundary.piece_index)

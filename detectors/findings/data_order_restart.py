@@ -28,7 +28,7 @@ import numpy as np
 from ..model import Boundary, Finding, Lineage, LineageResult
 from ..metrics import COUNTERS, PROMPT_LENGTH, MetricFamily, find_metric, find_metrics
 from ..stats import robust_sigma
-from .base import FindingDetector, before_after, fmt, history, log_interval, opening, piece_series
+from .base import FindingDetector, before_after, fmt, history, log_interval, opening, piece_series, pooled_values
 
 
 @dataclass(frozen=True)
@@ -190,7 +190,7 @@ class DataOrderRestart(FindingDetector[DataOrderRestartConfig]):
         offset = int(after.steps[0]) - (b.resumed_from_step + 1) if b.resumed_from_step is not None else 0
         at = open_.steps >= open_.steps[0] + max(offset, 0)  # where a restarted order would be by now
         ref = open_.values[at][: cfg.repeat_window]
-        allv = np.concatenate([p.values for p in parts if p is not None])
+        allv = pooled_values(parts)
         spread = robust_sigma(allv)
         if spread <= 0:
             spread = float(np.std(allv))

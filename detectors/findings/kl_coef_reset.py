@@ -23,8 +23,8 @@ import numpy as np
 from ..model import Boundary, Finding, LineageResult, Series
 from ..metrics import KL_COEF, MetricFamily
 from ..stats import floored_log
-from .base import (FindingDetector, fmt, judge_resumes, log_interval, opening, piece_series, restored_values,
-                   resumed_metric)
+from .base import (FindingDetector, fmt, judge_resumes, log_interval, opening, piece_series, pooled_values,
+                   restored_values, resumed_metric)
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class KlCoefReset(FindingDetector[KlCoefResetConfig]):
             return []
         parts = piece_series(lineage, metric)
         present = [p for p in parts if p is not None]
-        allv = np.concatenate([p.values for p in present]) if present else np.empty(0)
+        allv = pooled_values(parts)
         if len(allv) == 0 or np.all(allv <= 0):
             return []
         eps = 1e-6 * float(np.max(np.abs(allv)))

@@ -29,7 +29,8 @@ from ..model import Boundary, Finding, LineageResult, Series
 from ..declarations import config_mentions
 from ..metrics import LR, MetricFamily
 from ..stats import SECOND_DIFF_SCALE, floored_log, robust_sigma_about_zero, t_logpdf
-from .base import FindingDetector, fmt, judge_resumes, log_interval, opening, piece_series, resumed_metric
+from .base import (FindingDetector, fmt, judge_resumes, log_interval, opening, piece_series, pooled_values,
+                   resumed_metric)
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class LrScheduleRestart(FindingDetector[LrScheduleRestartConfig]):
         open_ = opening(lineage, metric, interval=interval)
         if open_ is None or len(open_) < 2:
             return []  # the run's opening is not in the logs: a restart has nothing to be compared with
-        scale = max(float(np.nanmax(np.abs(np.concatenate([p.values for p in parts if p is not None])))), 1e-30)
+        scale = max(float(np.nanmax(np.abs(pooled_values(parts)))), 1e-30)
         eps = 1e-3 * scale
         noise = _noise([floored_log(p.values, eps) for p in parts if p is not None], cfg.noise_floor)
         if _restarts_on_its_own(parts, eps=eps, cfg=cfg):

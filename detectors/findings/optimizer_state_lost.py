@@ -48,7 +48,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ..model import Boundary, Finding, Lineage, LineageResult, Series
 from ..metrics import GRAD_NORM, LOSS, LR, MetricFamily, find_metric
 from ..stats import FIRST_DIFF_SCALE, floored_log, mad, pooled_diff_noise
-from .base import FindingDetector, around, before_after, fmt, history, piece_series, restored_values
+from .base import (FindingDetector, around, before_after, fmt, history, piece_series, pooled_values,
+                   restored_values)
 
 APPROX_KL = MetricFamily(
     names=("actor/ppo_kl", "ppo_kl", "train/approxkl", "approxkl", "policy/approxkl_avg", "train/approx_kl",
@@ -216,10 +217,9 @@ class OptimizerStateLost(FindingDetector[OptimizerStateLostConfig]):
     def _prepare(self, lineage: Lineage, metric: str, *, kind: Kind, lr: str | None) -> _Prepared | None:
         cfg = self.config
         raw = piece_series(lineage, metric)
-        present = [p for p in raw if p is not None]
-        if not present:
+        allv = pooled_values(raw)
+        if not len(allv):
             return None
-        allv = np.concatenate([p.values for p in present])
         if np.all(allv == 0):
             return None  # nothing ever moved: no variation to judge a rise against
         positive = bool(np.all(allv > 0))
