@@ -24,9 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-from ..model import Finding, Lineage, LineageResult, extent_of
-from .base import FindingDetector, log_interval
+from ..model import Boundary, Finding, Lineage, LineageResult, extent_of
+from .base import FindingDetector, Severity, around, log_interval
 
 
 @dataclass(frozen=True)
@@ -40,6 +39,24 @@ class LostStepsConfig:
 
 
 
+_MESSAGES = {
+    "rewind": ("Steps {lo}-{hi} were trained twice around the resume at step {step}: the previous process had "
+               "reached step {high} and training resumed from {origin}, so {n} steps of work were lost and the "
+               "tracker holds both versions of them; checkpoint more often to lose less."),
+    "dropped": ("Steps {lo}-{hi} were trained again after the resume from checkpoint {c}, but the tracker kept the "
+                "crashed process's values for them (it drops steps below its current step), so its curve over "
+                "those {n} steps is not the run that continued."),
+    "gap": ("The tracker holds no data for steps {lo}-{hi} around the resume at step {step}: the last step logged "
+            "before it is {high} and the first after it {first}, while the run logs every {interval} step(s); "
+            "flush the logger before checkpointing, or check which checkpoint the run resumed from."),
+}
+"""What each kind of lost steps means and what to do about it."""
+
+_SEVERITY: dict[str, Severity] = {"rewind": "info", "dropped": "info", "gap": "warning"}
+"""Rewinds and dropped steps are the normal cost of resuming from an older checkpoint; a gap is data
+missing from the tracker."""
+
+
 class LostSteps(FindingDetector[LostStepsConfig]):
     name = "lost_steps"
     config_class = LostStepsConfig
@@ -49,51 +66,44 @@ class LostSteps(FindingDetector[LostStepsConfig]):
         if not lineage.boundaries:
             return []
         interval = self._interval(lineage)
-        out: list[Finding] = []
         prefer = (lineage.kl_metric,) if lineage.kl_metric else ()
+        # each piece's training, not the earliest or latest point of any key: setup keys at step 0 and
+        # summaries at the end are not training steps
         extents = [extent_of(p, prefer=prefer) for p in lineage.pieces]
+        spans = [(int(e[0]), int(e[1])) if e[0] is not None else None for e in extents]  # type: ignore[arg-type]
+        out: list[Finding] = []
         for b in lineage.boundaries:
-            # the previous piece's training, not the earliest or latest point of any key: setup keys at
-            # step 0 and summaries at the end are not training steps
-            prev = next((extents[k] for k in range(b.piece_index - 1, -1, -1) if extents[k][0] is not None), None)
-            cur = extents[b.piece_index] if b.piece_index < len(extents) else (None, None)
-            if prev is None or cur[0] is None:
+            prev, cur = around(spans, b.piece_index)
+            if prev is None or cur is None:
                 continue
-            high, first = int(prev[1]), int(cur[0])  # type: ignore[arg-type]
-            c = b.resumed_from_step
-            if first <= high and high - min(first, c + 1 if c is not None else first) + 1 > high - int(prev[0]) + 1:  # type: ignore[arg-type]
-                continue  # more "lost" than the previous piece trained: two runs, not one resumed
-            base = {"last_logged_before": high, "first_logged_after": first, "resumed_from_step": c,
-                    "logging_interval": interval}
-            if first <= high:
-                lo = first if c is None or c + 1 > first else c + 1
-                n = high - lo + 1
-                out.append(self.finding(
-                    step=b.step, severity="info",
-                    message=(f"Steps {lo}-{high} were trained twice around the resume at step {b.step}: the "
-                             f"previous process had reached step {high} and training resumed from "
-                             f"{'checkpoint ' + str(c) if c is not None else 'an earlier step'}, so {n} steps of "
-                             f"work were lost and the tracker holds both versions of them; checkpoint more often "
-                             f"to lose less."),
-                    data={**base, "kind": "rewind", "first_lost": lo, "last_lost": high, "steps_lost": n}))
-            elif c is not None and c < high:
-                n = high - c
-                out.append(self.finding(
-                    step=b.step, severity="info",
-                    message=(f"Steps {c + 1}-{high} were trained again after the resume from checkpoint {c}, but "
-                             f"the tracker kept the crashed process's values for them (it drops steps below its "
-                             f"current step), so its curve over those {n} steps is not the run that continued."),
-                    data={**base, "kind": "dropped", "first_lost": c + 1, "last_lost": high, "steps_lost": n}))
-            elif first - high > self.config.gap_intervals * interval:
-                lo, hi = high + 1, first - 1
-                out.append(self.finding(
-                    step=b.step, severity="warning",
-                    message=(f"The tracker holds no data for steps {lo}-{hi} around the resume at step {b.step}: "
-                             f"the last step logged before it is {high} and the first after it {first}, while the "
-                             f"run logs every {interval} step(s); flush the logger before checkpointing, or check "
-                             f"which checkpoint the run resumed from."),
-                    data={**base, "kind": "gap", "first_lost": lo, "last_lost": hi, "steps_lost": hi - lo + 1}))
+            f = self._judge(b, trained=prev, first=cur[0], interval=interval)
+            if f is not None:
+                out.append(f)
         return out
+
+    def _judge(self, b: Boundary, *, trained: tuple[int, int], first: int, interval: int) -> Finding | None:
+        """The steps lost at one resume, given the previous piece's first and last training step and the
+        first step logged after the resume."""
+        start, high = trained
+        c = b.resumed_from_step
+        if first <= high and high - min(first, c + 1 if c is not None else first) + 1 > high - start + 1:
+            return None  # more "lost" than the previous piece trained: two runs, not one resumed
+        if first <= high:
+            kind, lo, hi = "rewind", (first if c is None or c + 1 > first else c + 1), high
+        elif c is not None and c < high:
+            kind, lo, hi = "dropped", c + 1, high
+        elif first - high > self.config.gap_intervals * interval:
+            kind, lo, hi = "gap", high + 1, first - 1
+        else:
+            return None
+        n = hi - lo + 1
+        origin = "checkpoint " + str(c) if c is not None else "an earlier step"
+        message = _MESSAGES[kind].format(lo=lo, hi=hi, n=n, step=b.step, high=high, first=first, c=c,
+                                         origin=origin, interval=interval)
+        return self.finding(step=b.step, severity=_SEVERITY[kind], message=message,
+                            data={"last_logged_before": high, "first_logged_after": first, "resumed_from_step": c,
+                                  "logging_interval": interval, "kind": kind, "first_lost": lo, "last_lost": hi,
+                                  "steps_lost": n})
 
     @staticmethod
     def _interval(lineage: Lineage) -> int:
