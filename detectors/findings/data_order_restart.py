@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model import Boundary, Finding, Lineage, LineageResult
+from ..model import Boundary, Finding, Lineage, LineageResult, Series
 from ..metrics import COUNTERS, PROMPT_LENGTH, MetricFamily, find_metric, find_metrics
 from ..stats import robust_sigma
 from .base import FindingDetector, before_after, fmt, history, log_interval, opening, piece_series, pooled_values
@@ -169,9 +169,8 @@ class DataOrderRestart(FindingDetector[DataOrderRestartConfig]):
             return None
         open_ = opening(lineage, metric, interval=interval)
         open_v = None
-        if open_ is not None:  # where a sampler started over at the resume would be by now
-            offset = s0 - (b.resumed_from_step + 1) if b.resumed_from_step is not None else 0
-            at = open_.steps[0] + max(offset, 0)
+        if open_ is not None:
+            at = _restarted_position(open_, b, s0)
             open_v = float(np.interp(at, open_.steps, open_.values)) if at <= open_.steps[-1] else None
         to_start = open_v is not None and abs(v0 - open_v) <= slack and abs(expected - open_v) > 2 * slack
         return _CounterBack(metric, float(hv[-1]), expected, v0, open_v, bool(to_start))
@@ -187,8 +186,7 @@ class DataOrderRestart(FindingDetector[DataOrderRestartConfig]):
             return None
         if b.piece_index == 0 or parts[0] is None:
             return None
-        offset = int(after.steps[0]) - (b.resumed_from_step + 1) if b.resumed_from_step is not None else 0
-        at = open_.steps >= open_.steps[0] + max(offset, 0)  # where a restarted order would be by now
+        at = open_.steps >= _restarted_position(open_, b, int(after.steps[0]))
         ref = open_.values[at][: cfg.repeat_window]
         allv = pooled_values(parts)
         spread = robust_sigma(allv)
@@ -213,3 +211,10 @@ class DataOrderRestart(FindingDetector[DataOrderRestartConfig]):
             return None  # the run comes back to its opening sequence on its own
         n = min(len(ref), len(after))
         return _Repeat(metric, d_b, null_min, n, [float(v) for v in after.values[:n]])
+
+
+def _restarted_position(open_: Series, b: Boundary, step: int) -> int:
+    """The step of the run's opening a data order started over at the resume would have reached when
+    the resumed process logs ``step`` (counted from the checkpoint it resumed from, when known)."""
+    offset = step - (b.resumed_from_step + 1) if b.resumed_from_step is not None else 0
+    return open_.steps[0] + max(offset, 0)
