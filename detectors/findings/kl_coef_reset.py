@@ -27,12 +27,19 @@ from .base import (FindingDetector, fmt, judge_resumes, log_interval, opening, p
                    restored_values, resumed_metric)
 
 
+ZERO_FRACTION = 1e-6
+"""A coefficient below this fraction of the run's largest counts as zero: the floor of its log, so a
+coefficient annealed to 0 stays finite and its last steps do not look like huge jumps."""
+
+
 @dataclass(frozen=True)
 class KlCoefResetConfig:
     """Thresholds of the KL-coefficient-reset detector."""
 
     family: MetricFamily = KL_COEF
+    """The KL-coefficient metric the detector reads."""
     min_points_before: int = 3
+    """Points the coefficient needs before a resume for it to be judged there."""
     min_jump: float = 0.1
     """|log(coef after / coef before)| must reach this (about 10%) ..."""
     jump_factor: float = 4.0
@@ -60,7 +67,7 @@ class KlCoefReset(FindingDetector[KlCoefResetConfig]):
         allv = pooled_values(parts)
         if len(allv) == 0 or np.all(allv <= 0):
             return []
-        eps = 1e-6 * float(np.max(np.abs(allv)))
+        eps = ZERO_FRACTION * float(np.max(np.abs(allv)))
         steps_in_piece = [np.abs(np.diff(floored_log(p.values, eps))) for p in present if len(p) > 1]
         max_step = float(np.max(np.concatenate(steps_in_piece))) if steps_in_piece else 0.0
         if np.ptp(allv) == 0:
