@@ -33,27 +33,48 @@ from .base import (FindingDetector, fmt, judge_resumes, log_interval, opening, p
                    resumed_metric)
 
 
+ZERO_FRACTION = 1e-3
+"""An LR below this fraction of the run's largest counts as zero: the floor of its log, so a warm-up
+from 0 or a decay to 0 stays finite in log space."""
+
+SCALE_FLOOR = 1e-30
+"""The smallest LR scale taken, so the floor stays positive for an LR logged as 0 throughout."""
+
+TREND_POINTS = 3
+"""The schedule's continuation is the line through its last this many points: a schedule is smooth,
+so locally linear, and few points keep a decay's curvature out of the slope."""
+
+
 @dataclass(frozen=True)
 class LrScheduleRestartConfig:
     """Thresholds of the LR-schedule-restart detector."""
 
     family: MetricFamily = LR
+    """The learning-rate metric the detector reads."""
     window_after: int = 5
     """How many points after the resume are compared with the two predictions."""
     min_points_before: int = 3
+    """Points the LR needs before a resume for it to be judged there."""
     noise_floor: float = 0.02
     """Smallest log-space noise assumed (2%): a schedule is smooth, but logging rounds."""
     dof: float = 3.0
+    """Degrees of freedom of the Student-t likelihoods: heavy tails, so one odd point is no verdict."""
     min_jump: float = 0.2
     """|log(LR after / continued LR)| must reach this (about 22%) at the first point after the resume."""
     fit_tolerance: float = 0.1
     """For an ``error``, the restarted-schedule prediction must match the logged LR this well (median
     |log error|); a looser match (below ``loose_tolerance``) gives a ``warning``."""
     loose_tolerance: float = 0.35
+    """A restarted-schedule prediction further off than this (median |log error|) gives no finding."""
     error_score: float = 0.99
+    """The restarted schedule's posterior probability over the continued one for an ``error`` ..."""
     warning_score: float = 0.9
+    """... and for a ``warning``."""
     min_points_error: int = 2
+    """Points after the resume an ``error`` needs: one point alone gives at most a ``warning``."""
     declared_key: str = r"(sched|schedule|lr)"
+    """A config key matching this (regex) with a value matching ``declared_value`` declares a schedule
+    that restarts on its own: nothing is reported."""
     declared_value: str = r"(restart|cycl|sgdr|warm_?restart|cosine_with_restarts|triangular|one_?cycle_?repeat)"
 
 
@@ -75,8 +96,8 @@ class LrScheduleRestart(FindingDetector[LrScheduleRestartConfig]):
         open_ = opening(lineage, metric, interval=interval)
         if open_ is None or len(open_) < 2:
             return []  # the run's opening is not in the logs: a restart has nothing to be compared with
-        scale = max(float(np.nanmax(np.abs(pooled_values(parts)))), 1e-30)
-        eps = 1e-3 * scale
+        scale = max(float(np.nanmax(np.abs(pooled_values(parts)))), SCALE_FLOOR)
+        eps = ZERO_FRACTION * scale
         noise = _noise([floored_log(p.values, eps) for p in parts if p is not None], cfg.noise_floor)
         if _restarts_on_its_own(parts, eps=eps, cfg=cfg):
             return []
@@ -140,9 +161,9 @@ def _continue(hist: Series, steps: np.ndarray) -> np.ndarray:
     out = np.interp(steps.astype(float), hs, hv)
     beyond = steps > hs[-1]
     if np.any(beyond):
-        tail = slice(-3, None)
+        tail = slice(-TREND_POINTS, None)
         if len(hs) >= 2:
-            slope = float(np.polyfit(hs[tail], hv[tail], 1)[0]) if len(hs) >= 3 else float((hv[-1] - hv[-2]) / max(hs[-1] - hs[-2], 1))
+            slope = float(np.polyfit(hs[tail], hv[tail], 1)[0]) if len(hs) >= TREND_POINTS else float((hv[-1] - hv[-2]) / max(hs[-1] - hs[-2], 1))
         else:
             slope = 0.0
         out[beyond] = np.clip(hv[-1] + slope * (steps[beyond] - hs[-1]), 0.0, None)
@@ -154,14 +175,15 @@ def _restarts_on_its_own(parts: list[Series | None], *, eps: float, cfg: LrSched
     its last few points: a schedule with restarts of its own (hard cosine restarts, cyclic), where a
     jump at a resume proves nothing. Decays, step decays and linear warm-up never jump up."""
     for p in parts:
-        if p is None or len(p) < 4:
+        if p is None or len(p) < TREND_POINTS + 1:
             continue
-        st = sliding_window_view(p.steps.astype(float), 3)[:-1]  # the 3 points before point j = 3..n-1
-        va = sliding_window_view(p.values, 3)[:-1]
+        n = TREND_POINTS
+        st = sliding_window_view(p.steps.astype(float), n)[:-1]  # the n points before point j = n..len-1
+        va = sliding_window_view(p.values, n)[:-1]
         sm, vm = st.mean(axis=1, keepdims=True), va.mean(axis=1, keepdims=True)
         var = ((st - sm) ** 2).sum(axis=1)
         slope = np.where(var > 0, ((st - sm) * (va - vm)).sum(axis=1) / np.where(var > 0, var, 1.0), 0.0)
-        pred = np.clip(va[:, -1] + slope * (p.steps[3:] - st[:, -1]), 0.0, None)  # as ``_continue`` does
-        if np.any(floored_log(p.values[3:], eps) - floored_log(pred, eps) > cfg.min_jump):
+        pred = np.clip(va[:, -1] + slope * (p.steps[n:] - st[:, -1]), 0.0, None)  # as ``_continue`` does
+        if np.any(floored_log(p.values[n:], eps) - floored_log(pred, eps) > cfg.min_jump):
             return True
     return False
