@@ -31,12 +31,26 @@ from ..stats import robust_sigma
 from .base import FindingDetector, before_after, fmt, history, log_interval, opening, piece_series, pooled_values
 
 
+ROUNDING = 1e-9
+"""A counter's change within this fraction of its largest value is rounding: neither a rise nor a fall."""
+
+SCALE_FLOOR = 1e-12
+"""The smallest counter scale taken, so the rounding tolerance of an all-zero counter stays positive."""
+
+OPENING_SEPARATION = 2.0
+"""A counter that went back lands "on the run's opening" only when the continuation is more than this
+many slacks away from the opening value, so the two landings can be told apart."""
+
+
 @dataclass(frozen=True)
 class DataOrderRestartConfig:
     """Thresholds of the data-order-restart detector."""
 
     counters: MetricFamily = COUNTERS
+    """Counters that should continue across a resume (consumed samples, epoch, ...)."""
     batch_statistics: tuple[MetricFamily, ...] = (PROMPT_LENGTH,)
+    """Per-step statistics fixed by which prompts are in the batch: they repeat the opening when the
+    data order restarted."""
     slack_steps: float = 1.5
     """A counter may differ from its continuation by this many logging intervals' worth of increments
     (off-by-one logging, a partial batch) ..."""
@@ -45,6 +59,7 @@ class DataOrderRestartConfig:
     repeat_window: int = 6
     """How many points after the resume are compared with the run's opening."""
     min_repeat_points: int = 4
+    """Points a repeat needs: fewer match the opening by chance too often."""
     repeat_tolerance: float = 0.05
     """Mean |after - opening| below this fraction of the statistic's spread counts as a repeat."""
     null_margin: float = 4.0
@@ -126,9 +141,9 @@ class DataOrderRestart(FindingDetector[DataOrderRestartConfig]):
         for p in parts:
             order = np.argsort(p.steps, kind="stable")
             d = np.diff(p.values[order])
-            scale = max(float(np.max(np.abs(p.values))), 1e-12)
-            falls += int(np.sum(d < -1e-9 * scale))
-            rises += int(np.sum(d > 1e-9 * scale))
+            scale = max(float(np.max(np.abs(p.values))), SCALE_FLOOR)
+            falls += int(np.sum(d < -ROUNDING * scale))
+            rises += int(np.sum(d > ROUNDING * scale))
         return falls == 0 and rises > 0
 
     def _rate(self, lineage: Lineage, metric: str) -> tuple[float, float]:
@@ -172,7 +187,7 @@ class DataOrderRestart(FindingDetector[DataOrderRestartConfig]):
         if open_ is not None:
             at = _restarted_position(open_, b, s0)
             open_v = float(np.interp(at, open_.steps, open_.values)) if at <= open_.steps[-1] else None
-        to_start = open_v is not None and abs(v0 - open_v) <= slack and abs(expected - open_v) > 2 * slack
+        to_start = open_v is not None and abs(v0 - open_v) <= slack and abs(expected - open_v) > OPENING_SEPARATION * slack
         return _CounterBack(metric, float(hv[-1]), expected, v0, open_v, bool(to_start))
 
     # ------------------------------------------------------------------------- batch repeats
