@@ -70,6 +70,22 @@ CLIPFRAC = MetricFamily(
 
 Kind = Literal["step", "gradient", "loss"]
 
+MEDIAN_VARIANCE = np.pi / 2
+"""A median of n Gaussian points has about pi/2 the variance of their mean: the standard error of a
+rise measured from the median level before."""
+
+LINEAR_NOISE_FLOOR = 1e-3
+"""Smallest noise assumed on a linear scale, as a fraction of the series' MAD ..."""
+
+MAD_FLOOR = 1e-12
+"""... with the MAD taken as at least this, so a series mostly at one value keeps a positive floor."""
+
+LR_LEVEL_POINTS = 3
+"""The LR's level before a resume is the median of its last this many values up to the checkpoint."""
+
+RATIO_FLOOR = 1e-9
+"""The smallest "largest rise elsewhere" a spike is divided by when the strongest witness is chosen."""
+
 
 @dataclass(frozen=True)
 class OptimizerStateLostConfig:
@@ -80,13 +96,16 @@ class OptimizerStateLostConfig:
     step_families: tuple[MetricFamily, ...] = (APPROX_KL, CLIPFRAC)
     """The step-size witnesses: how far each step moved the policy."""
     lr_family: MetricFamily = LR
+    """The learning-rate metric: a step-size spike where the LR rose is no evidence."""
     lr_squared_families: tuple[MetricFamily, ...] = (APPROX_KL,)
     """Step-size series that grow with the square of the step: divided by LR² (where the LR is logged at
     the same steps) before they are judged."""
     correct_for_lr: bool = True
+    """Divide the ``lr_squared_families`` by LR² (off: judge them as logged)."""
     window_before: int = 8
     """Points before a position whose median is the level a spike is measured from."""
     min_points_before: int = 4
+    """Points a series needs before a resume for it to be judged there."""
     window_after: int = 5
     """A grad-norm or loss spike is the mean of this many points after the resume: fresh moments act at
     once and for several steps, and a mean is far less noisy than one point."""
@@ -177,7 +196,7 @@ class OptimizerStateLost(FindingDetector[OptimizerStateLostConfig]):
             if not kinds or kinds == {"loss"}:
                 continue  # the loss alone accuses nothing: see the module docstring
             if len(kinds) == 1:
-                best = max(spikes, key=lambda s: s.z / max(s.null_max, 1e-9))
+                best = max(spikes, key=lambda s: s.z / max(s.null_max, RATIO_FLOOR))
                 if best.z < cfg.alone_min_z or best.z < cfg.alone_margin * max(best.null_max, 0.0):
                     continue
                 lr_ruled_out = best.kind == "step" and (best.lr_corrected or lr_rose[b.piece_index] is False)
@@ -249,7 +268,7 @@ class OptimizerStateLost(FindingDetector[OptimizerStateLostConfig]):
             noise = float(np.std(d)) / FIRST_DIFF_SCALE if len(d) else float("nan")
         if not np.isfinite(noise) or (kind == "step" and noise == 0.0):
             return None
-        floor = cfg.noise_floor_log if log_space else 1e-3 * (mad(allv) or 1e-12)
+        floor = cfg.noise_floor_log if log_space else LINEAR_NOISE_FLOOR * (mad(allv) or MAD_FLOOR)
         return _Prepared(parts, max(noise, floor), log_space, lrs is not None)
 
     def _spikes(self, lineage: Lineage, metric: str, *, kind: Kind, lr: str | None) -> list[tuple[int, _Spike]]:
@@ -294,7 +313,7 @@ class OptimizerStateLost(FindingDetector[OptimizerStateLostConfig]):
         _, after = before_after(lineage, b, lr)
         if hist is None or after is None:
             return None
-        level = float(np.median(restored_values(hist, b)[-3:]))
+        level = float(np.median(restored_values(hist, b)[-LR_LEVEL_POINTS:]))
         first = float(np.mean(after.values[: self.config.step_window_after]))
         if level <= 0:
             return first > 0
@@ -307,7 +326,7 @@ class OptimizerStateLost(FindingDetector[OptimizerStateLostConfig]):
             return np.empty(0)
         pre = np.median(sliding_window_view(v, W), axis=1)[: len(v) - W - k + 1]  # pre[j] = median(v[j:j+W])
         post = np.mean(sliding_window_view(v, k), axis=1)[W:]  # post[j] = mean(v[j+W:j+W+k])
-        se = noise * np.sqrt(1.0 / k + (np.pi / 2) / W)
+        se = noise * np.sqrt(1.0 / k + MEDIAN_VARIANCE / W)
         return (post - pre) / se
 
     @staticmethod
@@ -316,7 +335,7 @@ class OptimizerStateLost(FindingDetector[OptimizerStateLostConfig]):
         points has about pi/2 the variance of a mean)."""
         if len(pre) < 2 or len(post) < 1:
             return None
-        se = noise * np.sqrt(1.0 / len(post) + (np.pi / 2) / len(pre))
+        se = noise * np.sqrt(1.0 / len(post) + MEDIAN_VARIANCE / len(pre))
         return float((np.mean(post) - np.median(pre)) / se)
 
 
