@@ -71,6 +71,23 @@ STATE_FAMILIES = (KL, ENTROPY, "loss", "grad_norm", REWARD)
 """Families whose level is training state: the reference (KL), the weights (entropy, reward), the
 optimizer (loss, grad norm)."""
 
+TYPICAL_PERCENTILE = 90
+"""A series' typical magnitude is this percentile of |value|: robust to a few spikes, and not the
+median, which is 0 for a series mostly at 0."""
+
+DISTINCT_DECIMALS = 9
+"""Values that agree to this many decimals of the typical magnitude count as one distinct value
+(float noise in logging does not make a quantised series continuous)."""
+
+COLLAPSE_STAYS_BELOW = 0.5
+"""After a KL collapse the level stays below this fraction of the level before (see ``collapse_fraction``)."""
+
+MIN_SEGMENT = 2
+"""The fewest points ``ruptures`` puts on either side of the change point it places."""
+
+CUMULATIVE_RISING = 0.9
+"""A never-decreasing series that rises at this fraction of its points or more is a running total."""
+
 _NAMESPACES = re.compile(r"^((train|training|trainer|actor|critic|policy|rollout|objective|env)[/.])+", re.I)
 """Prefixes that say who logged a key, not what it measures (``train/`` of the W&B callback,
 verl's ``actor/``): stripped before a key's family is read from its prefix."""
@@ -283,12 +300,12 @@ class SuspectedRestart(FindingDetector[SuspectedRestartConfig]):
         the log (None: linear). See the module docstring, point 5."""
         cfg = self.config
         v = v.astype(float)
-        typical = float(np.percentile(np.abs(v), 90)) or 1.0
-        distinct = np.unique(np.round(v / typical, 9))
+        typical = float(np.percentile(np.abs(v), TYPICAL_PERCENTILE)) or 1.0
+        distinct = np.unique(np.round(v / typical, DISTINCT_DECIMALS))
         positive = bool(np.all(v >= 0) and np.any(v > 0))
         fraction = bool(np.all(v >= 0) and np.all(v <= 1)) and family not in cfg.log_families
         if positive and not fraction and len(distinct) > cfg.few_values and family not in cfg.linear_families:
-            eps = cfg.zero_fraction * float(np.percentile(v[v > 0], 90))
+            eps = cfg.zero_fraction * float(np.percentile(v[v > 0], TYPICAL_PERCENTILE))
             return floored_log(v, eps), cfg.noise_floor_log, eps
         gaps = np.diff(distinct) * typical
         quantum = float(np.min(gaps)) if len(gaps) else 0.0
@@ -384,7 +401,7 @@ class SuspectedRestart(FindingDetector[SuspectedRestartConfig]):
         bar = cfg.zero_collapse_z if sh.low_after == 0.0 else cfg.collapse_z
         return (sh.metric == kl_metric and sh.z_point >= bar and sh.after != 0.0
                 and abs(sh.low_after) < cfg.collapse_fraction * abs(sh.before)
-                and abs(sh.after) < 0.5 * abs(sh.before))
+                and abs(sh.after) < COLLAPSE_STAYS_BELOW * abs(sh.before))
 
     def _scheduled(self, *, sh: _Shift, sig: _Signal, scheduled: frozenset[int]) -> bool:
         """A declared reference update lands at this shift: between the logged points around it."""
@@ -461,9 +478,9 @@ class SuspectedRestart(FindingDetector[SuspectedRestartConfig]):
             columns.append((xi - np.median(xi)) / sig.scale)
         sig = np.column_stack(columns)
         hi = lo + len(sig)
-        if len(sig) < 2 * 2 + 1:
+        if len(sig) < 2 * MIN_SEGMENT + 1:
             return None
-        bkps = rpt.Binseg(model="l2", min_size=2, jump=1).fit(sig).predict(n_bkps=1)
+        bkps = rpt.Binseg(model="l2", min_size=MIN_SEGMENT, jump=1).fit(sig).predict(n_bkps=1)
         cp = lo + int(bkps[0])
         if abs(cp - center) > cfg.tolerance + 1 or not (lo < cp < hi):
             return None
@@ -510,4 +527,4 @@ def family_of(*, name: str, kl: Collection[str], loss: Collection[str], grad_nor
 def _cumulative(*, v: np.ndarray) -> bool:
     """A running total: never decreasing, and increasing at nearly every point."""
     d = np.diff(v)
-    return bool(len(d) and np.all(d >= 0) and np.mean(d > 0) >= 0.9)
+    return bool(len(d) and np.all(d >= 0) and np.mean(d > 0) >= CUMULATIVE_RISING)
