@@ -20,6 +20,11 @@ from ..model import Finding, LineageResult, Series
 from .base import FindingDetector, fmt
 
 
+LAST_POINTS = 5
+"""The KL reached since the last reset is the median of the run's last this many points (one spike
+does not set it)."""
+
+
 @dataclass(frozen=True)
 class KlRatchetConfig:
     """When the summary is given."""
@@ -44,7 +49,7 @@ class KlRatchet(FindingDetector[KlRatchetConfig]):
         reached = [float(v.kl_before) for v in resets]  # type: ignore[arg-type]
         values = Series.concat([p for p in result.lineage.kl_pieces() if p is not None]).values
         tail = values[np.isfinite(values)]
-        last = float(np.median(tail[-5:])) if len(tail) else 0.0
+        last = float(np.median(tail[-LAST_POINTS:])) if len(tail) else 0.0
         peak = float(np.max(tail)) if len(tail) else 0.0
         total = float(sum(reached) + max(last, 0.0))
         steps = [v.boundary.step for v in resets]
