@@ -76,6 +76,7 @@ class LrScheduleRestartConfig:
     """A config key matching this (regex) with a value matching ``declared_value`` declares a schedule
     that restarts on its own: nothing is reported."""
     declared_value: str = r"(restart|cycl|sgdr|warm_?restart|cosine_with_restarts|triangular|one_?cycle_?repeat)"
+    """The values (regex) that declare such a schedule under a ``declared_key``."""
 
 
 class LrScheduleRestart(FindingDetector[LrScheduleRestartConfig]):
