@@ -8,6 +8,7 @@ Nothing downstream reaches back into a reader.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal
@@ -155,15 +156,20 @@ def extent_of(series: dict[str, Series], *, prefer: tuple[str, ...] = ()) -> tup
     return int(np.median([s.steps.min() for s in bulk])), int(np.median([s.steps.max() for s in bulk]))
 
 
+def logging_interval(series: Iterable[Series | None]) -> int:
+    """Steps between two logged points (trainers log every ``logging_steps``, 1 for every step): the
+    median step difference within each series, pooled over them (never differencing across two series,
+    e.g. across a restart); 1 when no series has two steps. The one definition of a run's cadence."""
+    diffs = [np.diff(np.unique(s.steps)) for s in series if s is not None and len(s) >= 2]
+    d = np.concatenate(diffs) if diffs else np.empty(0, np.int64)
+    return max(1, int(round(float(np.median(d))))) if len(d) else 1
+
+
 def cadence_of(series: dict[str, Series], *, prefer: tuple[str, ...] = ()) -> int:
-    """Steps between two logged points (TRL logs every ``logging_steps``): the KL's, else the bulk's."""
+    """The logging interval of a piece of log: its KL's (the first of ``prefer`` logged at two steps or
+    more), else that of the series carrying the training."""
     chosen = [series[n] for n in prefer if n in series and len(series[n]) >= 2][:1] or _bulk(series)
-    diffs = [np.diff(np.unique(s.steps)) for s in chosen if len(s) >= 2]
-    diffs = [d[d > 0] for d in diffs]
-    diffs = [d for d in diffs if len(d)]
-    if not diffs:
-        return 1
-    return max(1, int(np.median([np.median(d) for d in diffs])))
+    return logging_interval(chosen)
 
 
 @dataclass

@@ -46,7 +46,8 @@ from scipy.special import expit, logsumexp
 
 from .declarations import ReferenceSchedule, explain_boundary, reference_schedules, schedule_note
 from .detector import Detector
-from .model import Boundary, BoundaryVerdict, Finding, Lineage, LineageResult, Series, Verdict, cadence_of
+from .model import (Boundary, BoundaryVerdict, Finding, Lineage, LineageResult, Series, Verdict, cadence_of,
+                    logging_interval)
 from .stats import diff_noise, floored_log, t_logpdf
 
 Curve = Callable[[np.ndarray], np.ndarray]
@@ -170,15 +171,9 @@ def _noise(logs: np.ndarray, floor: float) -> float:
 
 
 def logging_cadence(*series: Series | None) -> int:
-    """The KL's logging interval L: the median positive step difference of the first series that has
-    two points (trainers log every ``logging_steps``)."""
-    for s in series:
-        if s is not None and len(s) >= 2:
-            d = np.diff(np.sort(s.steps))
-            d = d[d > 0]
-            if len(d):
-                return max(1, int(round(float(np.median(d)))))
-    return 1
+    """The KL's logging interval L, read off the first series that has two points (the piece before the
+    resume, else the opening, else the piece after)."""
+    return logging_interval([next((s for s in series if s is not None and len(s) >= 2), None)])
 
 
 def _opening_curve(start: Series) -> tuple[np.ndarray, np.ndarray, float]:

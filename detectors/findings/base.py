@@ -146,14 +146,6 @@ def opening(lineage: Lineage, name: str, *, interval: int) -> Series | None:
     return first
 
 
-def log_interval(parts: Sequence[Series | None]) -> int:
-    """The run's logging cadence in steps (1 for every step, N for every N-th)."""
-    diffs = [np.diff(p.steps) for p in parts if p is not None and len(p) > 1]
-    d = np.concatenate(diffs) if diffs else np.empty(0)
-    d = d[d > 0]
-    return max(1, int(np.median(d))) if len(d) else 1
-
-
 def fmt(x: float | None) -> str:
     """Numbers in messages: three significant digits."""
     if x is None or not np.isfinite(x):

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model import Boundary, Finding, Lineage, LineageResult, Series
+from ..model import Boundary, Finding, Lineage, LineageResult, Series, logging_interval
 from ..metrics import COUNTERS, PROMPT_LENGTH, MetricFamily, find_metric, find_metrics
 from ..stats import robust_sigma
-from .base import FindingDetector, before_after, fmt, history, log_interval, opening, piece_series, pooled_values
+from .base import FindingDetector, before_after, fmt, history, opening, piece_series, pooled_values
 
 
 ROUNDING = 1e-9
@@ -172,7 +172,7 @@ class DataOrderRestart(FindingDetector[DataOrderRestartConfig]):
         rate, quantum = self._rate(lineage, metric)
         if rate <= 0:
             return None
-        interval = log_interval(piece_series(lineage, metric))
+        interval = logging_interval(piece_series(lineage, metric))
         s0, v0 = int(after.steps[0]), float(after.values[0])
         hs, hv = hist.steps, hist.values
         if s0 <= hs[-1]:
@@ -195,7 +195,7 @@ class DataOrderRestart(FindingDetector[DataOrderRestartConfig]):
     def _repeat(self, lineage: Lineage, b: Boundary, metric: str) -> _Repeat | None:
         cfg = self.config
         parts = piece_series(lineage, metric)
-        open_ = opening(lineage, metric, interval=log_interval(parts))
+        open_ = opening(lineage, metric, interval=logging_interval(parts))
         _, after = before_after(lineage, b, metric)
         if open_ is None or after is None or len(open_) < cfg.min_repeat_points:
             return None

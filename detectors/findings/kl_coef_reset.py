@@ -20,10 +20,10 @@ from functools import partial
 
 import numpy as np
 
-from ..model import Boundary, Finding, LineageResult, Series
+from ..model import Boundary, Finding, LineageResult, Series, logging_interval
 from ..metrics import KL_COEF, MetricFamily
 from ..stats import floored_log
-from .base import (FindingDetector, fmt, judge_resumes, log_interval, opening, piece_series, pooled_values,
+from .base import (FindingDetector, fmt, judge_resumes, opening, piece_series, pooled_values,
                    restored_values, resumed_metric)
 
 
@@ -72,7 +72,7 @@ class KlCoefReset(FindingDetector[KlCoefResetConfig]):
         max_step = float(np.max(np.concatenate(steps_in_piece))) if steps_in_piece else 0.0
         if np.ptp(allv) == 0:
             return []  # a fixed coefficient that never changed: nothing was reset
-        open_ = opening(lineage, metric, interval=log_interval(parts))
+        open_ = opening(lineage, metric, interval=logging_interval(parts))
         judge = partial(self._judge, metric=metric, open_=open_, eps=eps, max_step=max_step)
         return judge_resumes(lineage, metric, judge, min_before=cfg.min_points_before)
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model import Boundary, Finding, Lineage, LineageResult, extent_of
-from .base import FindingDetector, Severity, around, log_interval
+from ..model import Boundary, Finding, Lineage, LineageResult, extent_of, logging_interval
+from .base import FindingDetector, Severity, around
 
 
 @dataclass(frozen=True)
@@ -117,4 +117,4 @@ class LostSteps(FindingDetector[LostStepsConfig]):
             name = max(counts, key=lambda n: counts[n]) if counts else None
         if name is None:
             return 1
-        return log_interval([p.get(name) for p in lineage.pieces])
+        return logging_interval([p.get(name) for p in lineage.pieces])

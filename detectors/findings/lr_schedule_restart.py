@@ -25,11 +25,11 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from scipy.special import expit, logsumexp
 
-from ..model import Boundary, Finding, LineageResult, Series
+from ..model import Boundary, Finding, LineageResult, Series, logging_interval
 from ..declarations import config_mentions
 from ..metrics import LR, MetricFamily
 from ..stats import SECOND_DIFF_SCALE, floored_log, robust_sigma_about_zero, t_logpdf
-from .base import (FindingDetector, fmt, judge_resumes, log_interval, opening, piece_series, pooled_values,
+from .base import (FindingDetector, fmt, judge_resumes, opening, piece_series, pooled_values,
                    resumed_metric)
 
 
@@ -93,7 +93,7 @@ class LrScheduleRestart(FindingDetector[LrScheduleRestartConfig]):
         if declared:
             return []
         parts = piece_series(lineage, metric)
-        interval = log_interval(parts)
+        interval = logging_interval(parts)
         open_ = opening(lineage, metric, interval=interval)
         if open_ is None or len(open_) < 2:
             return []  # the run's opening is not in the logs: a restart has nothing to be compared with

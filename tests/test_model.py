@@ -1,0 +1,50 @@
+"""The run model's own rules: a run's cadence, where a piece of log's training starts, the KL signed
+once, what a scan could not read."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from klwatch.model import (Lineage, LineageResult, ScanResult, Segment, Series, SourceError, SourceRead, cadence_of,
+                           extent_of, logging_interval)
+
+
+def _s(steps, values=None) -> Series:
+    steps = np.asarray(steps)
+    return Series(steps, np.ones(len(steps)) if values is None else values)
+
+
+def test_the_logging_interval_is_the_median_step_gap_within_each_series_never_across_two():
+    assert logging_interval([_s([10, 20, 30, 40])]) == 10
+    # a restart from step 95 to 31 is not a gap: each stretch is differenced on its own
+    assert logging_interval([_s([10, 20, 30, 95]), _s([31, 41, 51])]) == 10
+    assert logging_interval([_s([5]), None]) == 1
+    assert logging_interval([_s([3, 3, 3, 6, 9])]) == 3  # a re-logged step is one point
+
+
+def test_the_cadence_of_a_piece_is_its_kls_else_that_of_the_series_that_carry_the_training():
+    piece = {"kl": _s([2, 4, 6, 8]), "loss": _s(np.arange(1, 9)), "timing/setup": _s([0])}
+    assert cadence_of(piece, prefer=("kl",)) == 2
+    assert cadence_of(piece) == 1
+
+
+def test_a_piece_starts_where_its_kl_starts_not_at_a_setup_key_logged_at_step_0():
+    piece = {"train/kl": _s(np.arange(101, 201)), "timing/setup/total": _s([0])}
+    assert extent_of(piece, prefer=("train/kl",)) == (101, 200)
+    assert extent_of({"loss": _s(np.arange(101, 201)), "timing/setup/total": _s([0])}) == (101, 200)
+
+
+def test_kl_pieces_flip_a_kl_logged_negated_once_and_mark_pieces_without_it():
+    lin = Lineage(id="r", name="r", segments=[], pieces=[{"k": _s([1, 2], np.array([-0.1, -0.2]))}, {"loss": _s([3])}],
+                  kl_metric="k", kl_negated=True)
+    first, second = lin.kl_pieces()
+    assert np.allclose(first.values, [0.1, 0.2]) and second is None
+    assert np.allclose(lin.pieces[0]["k"].values, [-0.1, -0.2])  # the logged series is left as logged
+
+
+def test_what_a_scan_could_not_read_lists_sources_then_named_runs():
+    seg = Segment(kind="table", ref="a.csv", source="x")
+    bad = LineageResult(Lineage(id="r", name="grpo", segments=[seg]), None, "error", error="a.csv: truncated")
+    result = ScanResult(sources=[SourceRead(spec="x", errors=[SourceError("x", "x/b.db: not a store")])], results=[bad])
+    assert result.unreadable == ["x/b.db: not a store", "grpo: a.csv: truncated"]
+    assert result.any_error and not result.any_reset
