@@ -42,7 +42,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import expit, logsumexp
 
 from .declarations import ReferenceSchedule, explain_boundary, reference_schedules, schedule_note
 from .detector import Detector
@@ -396,6 +395,8 @@ def _h0_loglik(n: _Noise, conts: list[np.ndarray], config: ReferenceResetConfig)
     """H0, the KL continues: the level carries on; in the opening the opening may also keep growing.
     The level and the continuations share H0's prior by halves: a growing opening's median level lags
     where it got to, and its growth may go on at its last pace, slow down, or stop."""
+    from scipy.special import logsumexp  # not at import: the CLI starts without scipy
+
     means: list[np.ndarray | float] = [n.mu0, *conts]
     logw = [0.0] if not conts else [float(np.log(0.5))] + [float(np.log(0.5 / len(conts)))] * len(conts)
     terms = [(lw + n.log_w[r], t_logpdf(n.lpost, config.dof, m, n.sigs[r])) for lw, m in zip(logw, means)
@@ -416,6 +417,8 @@ def _h1_loglik(w: _Windows, n: _Noise, op: _Opening, config: ReferenceResetConfi
     a KL that carries on (or rises) past the resume leans to a continuation. (Mid-run, the ceiling is
     only the level, and a first point above it is one more outlier.)
     """
+    from scipy.special import logsumexp  # not at import: the CLI starts without scipy
+
     assert w.kl_before is not None
     curves = _curves(w.kl_before, op.start, op.cadence, config)
     early_opening = op.in_opening and op.start is not None and len(op.start) >= 3
@@ -555,6 +558,8 @@ def judge_boundary(
     logging every L steps logs its first point at step L). A ``before`` that regrows from a KL of ~0
     (the piece after an earlier reset) counts as an opening too.
     """
+    from scipy.special import expit  # not at import: the CLI starts without scipy
+
     w = _windows(before, after, config)
 
     def verdict(v: Verdict, score: float, why: str) -> BoundaryVerdict:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.special import gammaln
 
 from .model import Series
 
@@ -57,6 +56,8 @@ def diff_noise(x: np.ndarray) -> float:
 
 def t_logpdf(x: np.ndarray | float, dof: float, loc: np.ndarray | float, scale: np.ndarray | float) -> np.ndarray:
     """Student-t log density, as ``scipy.stats.t.logpdf``: heavy tails so one outlier is not a verdict."""
+    from scipy.special import gammaln  # not at import: scipy loads only when something is judged
+
     z = (np.asarray(x) - loc) / scale
     return (gammaln((dof + 1) / 2) - gammaln(dof / 2) - 0.5 * np.log(dof * np.pi) - np.log(scale)
             - (dof + 1) / 2 * np.log1p(z * z / dof))
