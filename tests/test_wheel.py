@@ -13,20 +13,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import sysconfig
-import time
-import urllib.request
 import venv
 import zipfile
 from pathlib import Path
 
 import pytest
 
+from dashboard_server import running_dashboard
+
 REPO = Path(__file__).resolve().parents[1]
-_direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 @pytest.fixture(scope="module")
@@ -85,12 +83,6 @@ def test_the_installed_wheel_scans_the_sample_runs_as_the_checkout_does(wheel_ve
     assert got["lineages"] == want["lineages"]  # the same verdicts, byte for byte in every field
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_the_installed_wheel_runs_the_dashboard_page(wheel_venv, tmp_path):
     """The page itself runs from the wheel (Streamlit's AppTest on the installed app.py), and
     ``klwatch dashboard`` serves it."""
@@ -104,31 +96,9 @@ def test_the_installed_wheel_runs_the_dashboard_page(wheel_venv, tmp_path):
               "print('markdown', len(at.markdown))\n")
     page = _run(bin_dir, bin_dir / "python", "-c", script, REPO / "sample_runs" / "tensorboard", cwd=tmp_path)
     assert page.returncode == 0, page.stderr[-3000:] + page.stdout[-2000:]
-    port = _free_port()
-    log = tmp_path / "dashboard.log"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([str(bin_dir / "klwatch"), "dashboard", "--port", str(port), str(REPO / "sample_runs")],
-                                stdout=fh, stderr=subprocess.STDOUT, cwd=tmp_path, env=env)
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            try:
-                with _direct.open(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
+    with running_dashboard([str(REPO / "sample_runs")], log=tmp_path / "dashboard.log", timeout=90,
+                           klwatch=[str(bin_dir / "klwatch")], cwd=tmp_path, env=env):
         served = _run(bin_dir, bin_dir / "python", "-c", "from klwatch.dashboard_cli import app_path; print(app_path())",
                       cwd=tmp_path)
         assert served.stdout.strip().startswith(str(bin_dir.parent)), served.stdout + served.stderr
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

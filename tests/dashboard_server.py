@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 _direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1 never goes through a proxy
 
 
@@ -23,14 +23,17 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_dashboard(sources: list[str], *, log: Path, timeout: float = 60.0) -> Iterator[str]:
-    """Yield the app's URL once /_stcore/health answers; the server is stopped on exit."""
+def running_dashboard(sources: list[str], *, log: Path, timeout: float = 60.0, klwatch: list[str] | None = None,
+                      cwd: Path = REPO, env: dict[str, str] | None = None) -> Iterator[str]:
+    """Yield the app's URL once /_stcore/health answers; the server is stopped on exit. ``klwatch`` is
+    the command to run (default: this Python's ``-m klwatch.cli``; the wheel test gives its venv's)."""
     port = free_port()
     # The README's command, `klwatch dashboard`, which execs `streamlit run dashboard/app.py` headless.
-    cmd = [sys.executable, "-m", "klwatch.cli", "dashboard", "--port", str(port), "--address", "127.0.0.1", *sources]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [*(klwatch or [sys.executable, "-m", "klwatch.cli"]), "dashboard", "--port", str(port),
+           "--address", "127.0.0.1", *sources]
+    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + timeout
