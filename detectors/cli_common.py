@@ -21,6 +21,7 @@ from .model import ScanResult
 from .pipeline import ScanConfig, scan
 from .reference_reset import ReferenceResetConfig
 from .report import EXIT_USAGE
+from .sources.limits import ReadLimits
 from .stitching import StitchConfig, load_lineage_file
 
 err = Console(stderr=True)
@@ -33,6 +34,8 @@ RestartOpt = Annotated[Optional[list[int]], typer.Option("--restart", help="A st
 GroupOpt = Annotated[Optional[str], typer.Option("--group-by", help="Stitch tracker runs into training runs by this config/tag key.")]
 LineageOpt = Annotated[Optional[Path], typer.Option("--lineage", help='JSON file {"run name": ["ref or run-id glob", ...]} overriding stitching.')]
 ResetScoreOpt = Annotated[float, typer.Option("--reset-score", min=0.0, max=1.0, help="Score at or above which a boundary is a reference reset.")]
+MaxBytesOpt = Annotated[int, typer.Option("--max-read-bytes", min=1, help="Most bytes reading one SOURCE may take (files and server responses together).")]
+MaxSecondsOpt = Annotated[float, typer.Option("--max-read-seconds", min=0.001, help="Most wall time reading one SOURCE may take, however its server answers.")]
 JunitOpt = Annotated[Optional[Path], typer.Option("--junit", help="Also write JUnit XML (one test case per training run) to FILE.")]
 
 
@@ -47,6 +50,8 @@ class ScanOptions:
     group_by: GroupOpt = None
     lineage: LineageOpt = None
     reset_score: ResetScoreOpt = ReferenceResetConfig.reset_score
+    max_read_bytes: MaxBytesOpt = ReadLimits.max_bytes
+    max_read_seconds: MaxSecondsOpt = ReadLimits.max_seconds
 
     def config(self, *, findings: bool = True) -> ScanConfig:
         """The one configuration object the pipeline takes (exits 2 naming the file when --lineage
@@ -61,7 +66,8 @@ class ScanOptions:
         return ScanConfig(metrics=tuple(self.metric or ()), intentional_resets=tuple(self.intentional_reset or ()),
                           declared_restarts=tuple(self.restart or ()),
                           stitch=StitchConfig(group_by=self.group_by, lineage_map=lineage_map), boundaries=BoundaryConfig(),
-                          reference_reset=ReferenceResetConfig(reset_score=self.reset_score), findings=findings)
+                          reference_reset=ReferenceResetConfig(reset_score=self.reset_score), findings=findings,
+                          limits=ReadLimits(max_bytes=self.max_read_bytes, max_seconds=self.max_read_seconds))
 
 
 def with_scan_options(command: Callable[..., None]) -> Callable[..., None]:

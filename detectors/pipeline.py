@@ -8,6 +8,7 @@ re-implements a step of it.
 from __future__ import annotations
 
 import fnmatch
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -16,6 +17,7 @@ from .metrics import choose_kl_metric, is_negated
 from .model import Finding, Lineage, LineageResult, ScanResult, Segment, Series, SourceError, SourceRead, cadence_of, extent_of
 from .reference_reset import ReferenceResetConfig, ReferenceResetDetector
 from .sources import read_source, split_pattern
+from .sources.limits import ReadLimits
 from .step_axis import step_axis_metric, to_framework_steps
 from .stitching import StitchConfig, starts_over, stitch
 
@@ -33,6 +35,8 @@ class ScanConfig:
     stitch: StitchConfig = field(default_factory=StitchConfig)
     boundaries: BoundaryConfig = field(default_factory=BoundaryConfig)
     reference_reset: ReferenceResetConfig = field(default_factory=ReferenceResetConfig)
+    limits: ReadLimits = field(default_factory=ReadLimits)
+    """Bytes and wall time reading one SOURCE may cost (``--max-read-bytes``, ``--max-read-seconds``)."""
     findings: bool = True
     """Run the other resume-integrity detectors (``klwatch.findings``)."""
     finding_configs: tuple[tuple[str, object], ...] = ()
@@ -213,7 +217,8 @@ def judge_reads(reads: Sequence[tuple[SourceRead, str | None]], *, config: ScanC
 
 
 def scan(specs: Sequence[str], *, config: ScanConfig = ScanConfig(),
-         progress: Callable[[str], None] | None = None, read: Callable[[str], SourceRead] = read_source) -> ScanResult:
+         progress: Callable[[str], None] | None = None, read: Callable[[str], SourceRead] | None = None) -> ScanResult:
     """Read, stitch and judge: the whole of ``klwatch scan`` (and of each ``klwatch watch`` poll,
-    which reads through its cache)."""
+    which reads through its cache). Each SOURCE is read within ``config.limits``."""
+    read = read or functools.partial(read_source, limits=config.limits)
     return judge_reads(read_sources(specs, progress=progress, read=read), config=config)

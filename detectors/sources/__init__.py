@@ -8,6 +8,7 @@ nothing here writes to a tracker or a store.
 from __future__ import annotations
 
 from ..model import SourceError, SourceRead
+from .limits import Budget, LimitExceeded, ReadLimits, reading
 
 
 def split_pattern(spec: str) -> tuple[str, str | None]:
@@ -18,19 +19,23 @@ def split_pattern(spec: str) -> tuple[str, str | None]:
     return spec, None
 
 
-def read_source(spec: str) -> SourceRead:
-    """Read one SOURCE (local path, ``wandb://``, ``mlflow://``; the ``#PATTERN`` already removed)."""
-    try:
-        if spec.startswith("wandb://"):
-            from .wandb_api import read_wandb_api
+def read_source(spec: str, *, limits: ReadLimits = ReadLimits()) -> SourceRead:
+    """Read one SOURCE (local path, ``wandb://``, ``mlflow://``; the ``#PATTERN`` already removed),
+    within ``limits``: its bytes and wall time are bounded as a whole, whatever it holds."""
+    with reading(Budget(limits, what=spec)):
+        try:
+            if spec.startswith("wandb://"):
+                from .wandb_api import read_wandb_api
 
-            return read_wandb_api(spec)
-        if spec.startswith(("mlflow://", "mlflow+http://", "mlflow+https://")):
-            from .mlflow_server import read_mlflow_server
+                return read_wandb_api(spec)
+            if spec.startswith(("mlflow://", "mlflow+http://", "mlflow+https://")):
+                from .mlflow_server import read_mlflow_server
 
-            return read_mlflow_server(spec)
-        from .local import read_local
+                return read_mlflow_server(spec)
+            from .local import read_local
 
-        return read_local(spec)
-    except Exception as exc:  # a reader bug must not take the whole scan down
-        return SourceRead(spec=spec, errors=[SourceError(spec, f"{type(exc).__name__}: {exc}")])
+            return read_local(spec)
+        except LimitExceeded as exc:
+            return SourceRead(spec=spec, errors=[SourceError(spec, str(exc))])
+        except Exception as exc:  # a reader bug must not take the whole scan down
+            return SourceRead(spec=spec, errors=[SourceError(spec, f"{type(exc).__name__}: {exc}")])

@@ -1,0 +1,156 @@
+"""Bounds on reading one SOURCE: what a broken or hostile source can cost is fixed before it is read.
+
+A SOURCE is untrusted input. A FIFO named like an event file would block a read forever, a symlink to
+``/dev/zero`` would be read until memory runs out, a server that trickles or never ends its body would
+hold a scan indefinitely. So every read of one SOURCE shares one ``Budget``: a number of bytes and a
+wall-clock deadline for the whole SOURCE (not per request, which a trickle defeats), and only regular
+files are opened. The budget of the SOURCE being read is the current one (``current_budget``), so
+readers need no extra parameter; ``read_source`` installs it.
+
+Folders are walked without recursion (``walk``): a tree ~1,000 levels deep is still read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import time
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+from pathlib import Path
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """The most one SOURCE may cost to read (``--max-read-bytes``, ``--max-read-seconds``)."""
+
+    max_bytes: int = 16 * GIB
+    """Bytes read from one SOURCE, files and server responses together (a 100-run x 4,000-step
+    TensorBoard fleet is ~0.1 GiB)."""
+    max_seconds: float = 3600.0
+    """Wall time reading one SOURCE may take, however its server answers."""
+
+
+class LimitExceeded(Exception):
+    """A SOURCE went past its bounds; the message says which bound, where, and the flag that raises it."""
+
+
+class NotRegularFile(OSError):
+    """A path that is not a regular file (a FIFO, a device, a socket): never opened for reading."""
+
+
+class Budget:
+    """The bytes and time left for one SOURCE."""
+
+    def __init__(self, limits: ReadLimits = ReadLimits(), *, what: str = "the source") -> None:
+        self.limits = limits
+        self.what = what
+        self.used = 0
+        self.deadline = time.monotonic() + limits.max_seconds
+
+    def remaining_seconds(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def check_time(self, where: str) -> None:
+        """Raise when the SOURCE's wall-time bound has passed."""
+        if time.monotonic() > self.deadline:
+            raise LimitExceeded(f"reading {self.what} took longer than {self.limits.max_seconds:g} s (at {where}); "
+                                "raise the bound with --max-read-seconds")
+
+    def charge(self, nbytes: int, where: str) -> None:
+        """Count ``nbytes`` read at ``where``; raise when the SOURCE's byte bound is passed."""
+        self.used += int(nbytes)
+        if self.used > self.limits.max_bytes:
+            raise LimitExceeded(f"reading {self.what} needs more than {self.limits.max_bytes:,} bytes (at {where}); "
+                                "raise the bound with --max-read-bytes")
+        self.check_time(where)
+
+
+_current: ContextVar[Budget | None] = ContextVar("klwatch_read_budget", default=None)
+
+
+def current_budget() -> Budget:
+    """The budget of the SOURCE being read (an unbounded-by-default one outside ``read_source``)."""
+    budget = _current.get()
+    return budget if budget is not None else Budget()
+
+
+@contextlib.contextmanager
+def reading(budget: Budget) -> Iterator[Budget]:
+    """Make ``budget`` the current one while a SOURCE is read."""
+    token = _current.set(budget)
+    try:
+        yield budget
+    finally:
+        _current.reset(token)
+
+
+def is_regular_file(path: Path) -> bool:
+    """True for a regular file (following symlinks): what klwatch may open. Never blocks."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def read_regular(path: Path, *, budget: Budget | None = None, start: int = 0) -> bytes:
+    """The bytes of a regular file from ``start``, as long as it was when opened, charged to the budget.
+
+    Opened without blocking and checked after opening, so a FIFO or a device swapped in under a name
+    is refused rather than read (``NotRegularFile``); a file growing while read is read up to the size
+    it had when opened.
+    """
+    budget = budget or current_budget()
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(f"{path}: not a regular file ({_kind(st.st_mode)}); skipped")
+        size = max(0, st.st_size - start)
+        budget.charge(size, str(path))
+        chunks, left = [], size
+        os.lseek(fd, start, os.SEEK_SET)
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 24))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def walk(root: Path) -> Iterator[tuple[Path, list[str], list[str]]]:
+    """``os.walk`` without recursion (Python 3.11's recurses, and a tree ~1,000 levels deep overflows
+    the stack): top-down, sorted, symlinked folders not followed, unreadable folders skipped. The
+    caller may prune ``dirs`` in place, as with ``os.walk``."""
+    stack = [root]
+    while stack:
+        top = stack.pop()
+        try:
+            entries = list(os.scandir(top))
+        except OSError:
+            continue
+        dirs, files = [], []
+        for e in entries:
+            try:
+                (dirs if e.is_dir(follow_symlinks=False) else files).append(e.name)
+            except OSError:
+                files.append(e.name)
+        dirs.sort()
+        files.sort()
+        yield top, dirs, files
+        stack.extend(top / d for d in reversed(dirs))
