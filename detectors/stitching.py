@@ -220,13 +220,8 @@ def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig(), me
     for (source, store), groups in by_store.items():
         for key, segs in groups.items():
             chains = _split_chain(segs, explicit=key.startswith(("map:", "by:")), shapes=shapes, notes=notes)
-            for n, chain in enumerate(chains):
-                name = _lineage_name(key, chain)
-                lid = f"{chain[0].kind}:{_store_label(source, store)}:{key.split(':', 1)[1]}"
-                if len(chains) > 1:
-                    lid += f"#{n + 1}"
-                    name += f" #{n + 1}"
-                lineages.append((lid, name, chain))
+            base = f"{chains[0][0].kind}:{_store_label(source, store)}:{key.split(':', 1)[1]}"
+            lineages.extend(_named_chains(base, key, chains, shapes=shapes))
     if not config.lineage_map and not config.group_by:
         lineages = _join_continuations(lineages, shapes=shapes, notes=notes)
 
@@ -237,6 +232,38 @@ def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig(), me
         if not targets:
             lineages.append((f"checkpoints:{ck.ref}", ck.name or ck.ref, [ck]))
     return out + lineages
+
+
+def _named_chains(base: str, key: str, chains: list[list[Segment]], *,
+                  shapes: dict[int, _Shape]) -> list[tuple[str, str, list[Segment]]]:
+    """(id, name, chain) for the training runs that share one key.
+
+    An id must never change once given (an alert is keyed on it, a dashboard link names it), so it
+    comes from the chain itself, not from how many siblings it has: the eldest chain (earliest start,
+    then first step, then ref) keeps the key alone, exactly as a run with no sibling has it; every
+    other chain is the key plus its first member's own identity. A same-named run that appears later
+    is younger, so it gets an id of its own and the existing one keeps its id. The name is for people:
+    ``#2``, ``#3`` in the order the runs started."""
+    order = sorted(range(len(chains)), key=lambda i: (_order_key(chains[i][0], shapes[id(chains[i][0])]), chains[i][0].ref))
+    named: dict[int, tuple[str, str, list[Segment]]] = {}
+    used = {base}
+    for rank, i in enumerate(order):
+        chain, lid, name = chains[i], base, _lineage_name(key, chains[i])
+        if rank:
+            lid = f"{base}#{_identity(chain[0])}"
+            lid = lid if lid not in used else f"{lid}#{chain[0].ref}"
+            name += f" #{rank + 1}"
+        used.add(lid)
+        named[i] = (lid, name, chain)
+    return [named[i] for i in range(len(chains))]  # in the order stitching found them
+
+
+def _identity(seg: Segment) -> str:
+    """What names one tracker piece for good: its event file (the folder is already in the key), else
+    its tracker run id, else its ref."""
+    if seg.kind == "tensorboard":
+        return PurePosixPath(seg.ref).name or seg.ref
+    return seg.run_id or seg.ref
 
 
 def _prefer(seg: Segment, metrics: tuple[str, ...]) -> tuple[str, ...]:

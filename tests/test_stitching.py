@@ -139,3 +139,32 @@ def test_numbered_sibling_runs_each_from_their_first_step_stay_apart():
     segs = [seg(f"r{i}", f"run-{i:04d}", i % 2, 60 + i, 1000.0 * i, kind="tensorboard") for i in range(12)]
     assert base_name("run-0007") == "run-0007" and base_name("lr-1e-5") == "lr-1e-5"
     assert len(groups(segs)) == 12
+
+
+def ids(segments, **kw):
+    return {tuple(sorted(s.ref for s in segs)): lid for lid, _, segs in stitch(segments, **kw)}
+
+
+def test_a_lineage_keeps_its_id_when_a_same_named_run_from_scratch_appears_later():
+    """Ids come from the chain itself, never from how many siblings share its key: an alert keyed on
+    it is not sent again, and a dashboard link to it keeps working."""
+    first = [seg("a", "grpo", 1, 40, 0), seg("b", "grpo", 41, 80, 1000)]
+    alone = ids(first)
+    assert alone == {("a", "b"): "mlflow:db:grpo"}  # a run with no sibling: the key alone, as before
+    later = ids(first + [seg("c", "grpo", 1, 40, 5000)])
+    assert later[("a", "b")] == alone[("a", "b")]
+    assert later[("c",)] == "mlflow:db:grpo#c"  # the newcomer: the key and its own first run id
+    third = ids(first + [seg("c", "grpo", 1, 40, 5000), seg("d", "grpo", 1, 40, 9000)])
+    assert third[("a", "b")] == "mlflow:db:grpo" and third[("c",)] == "mlflow:db:grpo#c"
+    assert third[("d",)] == "mlflow:db:grpo#d"
+    names = sorted(name for _, name, _ in stitch(first + [seg("c", "grpo", 1, 40, 5000)]))
+    assert names == ["grpo", "grpo #2"]
+
+
+def test_sibling_event_files_in_one_folder_are_told_apart_by_their_own_file():
+    segs = [seg("runs/x/events.out.tfevents.1.h.p0", "x", 1, 40, 0, kind="tensorboard"),
+            seg("runs/x/events.out.tfevents.2.h.p0", "x", 1, 40, 1000, kind="tensorboard")]
+    for s in segs:
+        s.run_id = s.group = "runs/x"
+    got = sorted(ids(segs).values())
+    assert got == ["tensorboard:src:runs/x", "tensorboard:src:runs/x#events.out.tfevents.2.h.p0"]
