@@ -4,21 +4,24 @@
 sees a tree exactly as ``klwatch scan`` does), but re-reads only the files (or run folders, stores)
 whose size or mtime changed since the last poll and reuses the Segments of the rest. Remote sources
 (``wandb://``, ``mlflow://``) are read in full at every poll: their readers fetch whole histories
-and expose no "since step N" query.
+and expose no "since step N" query. Every poll of a SOURCE reads within the scan's ``ReadLimits``
+(``--max-read-bytes``, ``--max-read-seconds``), as ``read_source`` does: a hostile source costs a
+watch poll no more than it costs a scan.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .model import Segment, SourceRead
+from .model import Segment, SourceError, SourceRead
 from .sources import read_source
+from .sources.limits import Budget, LimitExceeded, ReadLimits, reading, walk
 from .sources.local import CHECKPOINT_DIR, Unit, UnitRead, read_local, read_unit
+
 
 @dataclass
 class ReadStats:
@@ -56,8 +59,8 @@ def _fingerprint(unit: Unit) -> tuple[Any, ...]:
                         out.extend((d.name, f.name, _stat(f)) for f in sorted(d.iterdir()) if f.is_file())
         return tuple(out)
     out = []
-    for dirpath, _, filenames in os.walk(path):  # wandb run folders, mlruns trees
-        for f in sorted(filenames):
+    for dirpath, _, filenames in walk(path):  # wandb run folders, mlruns trees (no recursion on depth)
+        for f in filenames:
             p = Path(dirpath) / f
             out.append((str(p.relative_to(path)), _stat(p)))
     return tuple(sorted(out))
@@ -81,7 +84,8 @@ class LocalReadCache:
     ``read`` has the signature of ``klwatch.sources.read_source``, so ``pipeline.scan(...,
     read=cache.read)`` judges exactly what a plain scan would."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: ReadLimits = ReadLimits()) -> None:
+        self.limits = limits
         self._units: dict[tuple[str, str, str], tuple[tuple[Any, ...], UnitRead]] = {}
         self.stats: dict[str, ReadStats] = {}
 
@@ -89,8 +93,14 @@ class LocalReadCache:
         """Read one SOURCE (``#PATTERN`` already removed)."""
         if spec.startswith(("wandb://", "mlflow://", "mlflow+http://", "mlflow+https://")):
             self.stats[spec] = ReadStats(full=True)
-            return read_source(spec)
-        return self._read_local(spec)
+            return read_source(spec, limits=self.limits)
+        with reading(Budget(self.limits, what=spec)):
+            try:
+                return self._read_local(spec)
+            except LimitExceeded as exc:  # as read_source reports it: this SOURCE fails, the poll goes on
+                return SourceRead(spec=spec, errors=[SourceError(spec, str(exc))])
+            except Exception as exc:  # a reader bug must not take the watcher down
+                return SourceRead(spec=spec, errors=[SourceError(spec, f"{type(exc).__name__}: {exc}")])
 
     def _read_local(self, spec: str) -> SourceRead:
         """``read_local`` itself, with each unit whose fingerprint is unchanged served from the cache."""

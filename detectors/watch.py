@@ -153,7 +153,7 @@ def _open_state(state_path: Path, sinks: list[Sink]) -> AlertState:
 def _poll(specs: list[str], *, config: ScanConfig, state: AlertState, sinks: list[Sink], dashboard_url: str | None,
           every: float, once: bool, verbose: bool) -> int:
     """Pass after pass, ``every`` seconds apart start to start; with ``once``, one pass and its exit code."""
-    cache = LocalReadCache()
+    cache = LocalReadCache(limits=config.limits)  # a poll is bounded as a scan is
     shown_errors: set[str] = set()
     while True:
         started = time.monotonic()

@@ -57,3 +57,45 @@ def test_a_missing_source_is_reported_as_read_local_reports_it(tmp_path):
     assert _shape(got) == _shape(read_local(str(tmp_path / "missing")))
     assert [e.message for e in got.errors] == [f"no such file or folder: {tmp_path / 'missing'}"]
     assert cache.stats[str(tmp_path / "missing")].read == 0
+
+
+def test_a_poll_reads_within_the_scan_read_limits(tmp_path, monkeypatch):
+    """``--max-read-bytes`` / ``--max-read-seconds`` bound a watch poll as they bound a scan: every unit
+    is read under the SOURCE's budget, and a bound passed fails that SOURCE with the flag named."""
+    import klwatch.read_cache as read_cache
+    from klwatch.sources.limits import ReadLimits, current_budget
+
+    write_run(tmp_path / "a", resumes=[30], buggy=True)
+    limits, seen = ReadLimits(max_bytes=12345, max_seconds=67.0), []
+    real = read_cache.read_unit
+
+    def spy(unit, *, root, spec):
+        seen.append((current_budget().limits, current_budget().what))
+        return real(unit, root=root, spec=spec)
+
+    monkeypatch.setattr(read_cache, "read_unit", spy)
+    got = LocalReadCache(limits=limits).read(str(tmp_path))
+    assert got.errors == [] and seen and set(seen) == {(limits, str(tmp_path))}
+
+    def over(unit, *, root, spec):
+        current_budget().charge(10**6, str(unit.path))
+        return real(unit, root=root, spec=spec)
+
+    monkeypatch.setattr(read_cache, "read_unit", over)
+    bounded = LocalReadCache(limits=limits).read(str(tmp_path))
+    assert [e.message for e in bounded.errors if "--max-read-bytes" in e.message], bounded.errors
+
+
+def test_a_deep_tree_is_fingerprinted_without_recursion(tmp_path):
+    """A folder ~1,500 levels deep inside a run folder: no RecursionError from the watcher's change check."""
+    from klwatch.read_cache import _fingerprint
+    from klwatch.sources.local import Unit
+
+    deep = tmp_path / "wandb" / "run-1-abc"
+    deep.mkdir(parents=True)
+    p = deep
+    for _ in range(1500):  # one level at a time: pathlib's own mkdir(parents=True) recurses
+        p = p / "d"
+        p.mkdir()
+    (p / "x.txt").write_text("x")
+    assert len(_fingerprint(Unit("wandb-offline", deep, reader=read_local))) == 1
