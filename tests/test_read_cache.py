@@ -98,4 +98,10 @@ def test_a_deep_tree_is_fingerprinted_without_recursion(tmp_path):
         p = p / "d"
         p.mkdir()
     (p / "x.txt").write_text("x")
-    assert len(_fingerprint(Unit("wandb-offline", deep, reader=read_local))) == 1
+    try:
+        assert len(_fingerprint(Unit("wandb-offline", deep, reader=read_local))) == 1
+    finally:  # pytest's own clean-up of tmp_path recurses: take the tree down level by level
+        (p / "x.txt").unlink()
+        while p != deep:
+            p.rmdir()
+            p = p.parent
