@@ -18,11 +18,13 @@ import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlencode, urlsplit, urlunsplit
 
 from .model import BoundaryVerdict, LineageResult
 
 ALERT_KEY_HEADER = "X-Klwatch-Alert-Key"
+_KEY_SAFE = "/:@#!$&'()*+,;=-._~"
+"""Printable ASCII kept as is in an alert key (besides letters and digits): every id klwatch makes."""
 
 # Hosts whose whole path after its first segment is the secret (Slack, Discord, Teams, Google Chat).
 _HOOK_HOSTS = re.compile(r"(^|\.)(hooks\.slack(-gov)?\.com|discord(app)?\.com|webhook\.office\.com|"
@@ -41,6 +43,23 @@ def _redact_path(host: str, path: str) -> str:
     if keep is not None and len(segs) > keep and any(segs[keep:]):
         return "/".join(segs[:keep] + ["***"])
     return "/".join("***" if _TOKENISH.match(seg) else seg for seg in segs)
+
+
+def webhook_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be POSTed to (None when it can): checked at start-up, so a malformed
+    ``--webhook`` is a usage error then, not a crash at the first alert. The message holds no secret."""
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        return "it holds a space or a control character"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises ValueError on a port that is not a number in range)
+    except ValueError as exc:
+        return f"it cannot be parsed ({scrub(str(exc), [url])})"
+    if parts.scheme not in ("http", "https"):
+        return "it is not an http(s) URL"
+    if not parts.hostname:
+        return "it has no host"
+    return None
 
 
 def redact_url(url: str) -> str:
@@ -107,8 +126,11 @@ class Alert:
 
     @property
     def key(self) -> str:
-        """The receiver's de-duplication key (``X-Klwatch-Alert-Key``), the same for every retry."""
-        return f"{self.lineage_id}@{self.step}:{self.verdict}"
+        """The receiver's de-duplication key (``X-Klwatch-Alert-Key``): one per (lineage, boundary,
+        verdict), so the same for every retry, every restart and every sink. ASCII whatever the run's
+        names (an HTTP header cannot carry more): other characters are percent-encoded."""
+        raw = f"{self.lineage_id}@{self.step}:{self.verdict}"
+        return quote(raw.encode("utf-8", "surrogateescape"), safe=_KEY_SAFE)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -188,6 +210,8 @@ class Delivery:
     attempts: int
     status: int | None = None
     error: str | None = None
+    permanent: bool = False
+    """No retry can succeed (the URL itself is unusable): the delivery is dropped, not retried."""
 
 
 def backoff_delay(failures: int, *, base: float, cap: float) -> float:
@@ -207,29 +231,34 @@ def _split_userinfo(url: str) -> tuple[str, dict[str, str]]:
 
 def post_webhook(url: str, payload: dict[str, Any], *, key: str, attempts: int = 3, backoff: float = 0.5,
                  timeout: float = 10.0) -> Delivery:
-    """POST ``payload`` as JSON; retry transport errors, 429 and 5xx with exponential backoff.
+    """POST ``payload`` as JSON with ``key`` in ``X-Klwatch-Alert-Key``; retry transport errors, 429
+    and 5xx with exponential backoff.
 
     Any 2xx is delivered. Other 4xx answers are not retried here (the watcher retries them later,
-    with its longer backoff, in case the receiver is being fixed).
+    with its longer backoff, in case the receiver is being fixed). Never raises: a URL that cannot be
+    used is a failed delivery (``permanent``), not a crash.
     """
     import urllib.error  # with http.client and email, only when an alert is sent, not at every CLI start
     import urllib.request
 
+    problem = webhook_url_problem(url)
+    if problem:
+        return Delivery(ok=False, attempts=0, error=f"webhook URL unusable: {problem}", permanent=True)
     body = json.dumps(payload).encode()
     target, headers = _split_userinfo(url)
     headers.update({"Content-Type": "application/json", ALERT_KEY_HEADER: key, "User-Agent": "klwatch"})
     last = Delivery(ok=False, attempts=0)
     for n in range(1, attempts + 1):
-        req = urllib.request.Request(target, data=body, method="POST", headers=headers)
         retry = True
         try:
+            req = urllib.request.Request(target, data=body, method="POST", headers=headers)
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 resp.read()
                 return Delivery(ok=True, attempts=n, status=resp.status)
         except urllib.error.HTTPError as exc:
             retry = exc.code == 429 or exc.code >= 500
             last = Delivery(ok=False, attempts=n, status=exc.code, error=scrub(f"HTTP {exc.code} {exc.reason}", [url]))
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+        except Exception as exc:  # transport errors, and whatever else a broken server provokes in urllib
             reason = getattr(exc, "reason", exc)
             last = Delivery(ok=False, attempts=n, error=scrub(f"{type(exc).__name__}: {reason}", [url]))
         if not retry or n == attempts:

@@ -4,12 +4,13 @@ with backoff, and no secret of a webhook URL in anything printed."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from klwatch.alerts import (ALERT_KEY_HEADER, Alert, alert_line, dashboard_link, post_webhook, redact_url, scrub,
-                              slack_payload)
+                              slack_payload, webhook_url_problem)
 
 
 ALERT = Alert(lineage_id="tensorboard:runs:grpo/7b", run="grpo-7b", step=41, resumed_from_step=40,
@@ -101,3 +102,34 @@ def test_failed_delivery_error_never_holds_the_secret():
     res = post_webhook(url, {"text": "x"}, key="k", attempts=2, backoff=0.01, timeout=2)
     assert not res.ok and res.attempts == 2
     assert res.error and "abcdefghijklmnop1234" not in res.error and "qwerty987" not in res.error
+
+
+@pytest.mark.parametrize("url, why", [
+    ("http://[x/y", "cannot be parsed"),
+    ("http://host:99999/hook", "cannot be parsed"),
+    ("ftp://host/hook", "not an http(s) URL"),
+    ("https:///hook", "no host"),
+    ("https://hooks.example.com/a b", "space"),
+])
+def test_a_webhook_url_that_cannot_be_posted_to_is_named_before_any_alert(url, why):
+    problem = webhook_url_problem(url)
+    assert problem and why in problem
+    assert webhook_url_problem("https://bot:pw@hooks.slack.com/services/T0/B0/xyz?x=1") is None
+
+
+def test_posting_to_an_unusable_url_is_a_failed_delivery_never_a_crash():
+    res = post_webhook("http://[x/y", {"text": "x"}, key="k", attempts=3, backoff=0.01)
+    assert not res.ok and res.permanent and res.attempts == 0 and "cannot be parsed" in (res.error or "")
+
+
+def test_the_alert_key_is_ascii_whatever_the_run_is_called():
+    """An HTTP header carries ASCII only: a run in a non-UTF-8 or non-Latin folder still gets a key."""
+    odd = replace(ALERT, lineage_id="tensorboard:runs:r\udcff/\u8bad\u7ec3 1")
+    assert odd.key.isascii() and " " not in odd.key and odd.key == replace(odd, run="other").key
+    assert ALERT.key == "tensorboard:runs:grpo/7b@41:reference_reset"  # the ids klwatch makes are kept as they are
+
+
+def test_the_key_header_reaches_the_receiver_for_an_odd_name(receiver):
+    odd = replace(ALERT, lineage_id="tensorboard:runs:\u8bad\u7ec3")
+    assert post_webhook(receiver.url + "/hook", {"text": "x"}, key=odd.key, attempts=1).ok
+    assert receiver.requests[0].headers[ALERT_KEY_HEADER] == odd.key

@@ -20,10 +20,13 @@ class Request:
 
 @dataclass
 class Receiver:
-    """A webhook receiver on loopback that records every POST and fails the first ``fail_first``."""
+    """A webhook receiver on loopback that records every POST and fails the first ``fail_first``;
+    ``delay`` seconds pass between reading a POST (it is recorded then, as a receiver that acts on it)
+    and answering it, as a slow webhook does. Requests are served in parallel."""
 
     fail_first: int = 0
     fail_status: int = 500
+    delay: float = 0.0
     requests: list[Request] = field(default_factory=list)
     server: ThreadingHTTPServer | None = None
 
@@ -46,6 +49,8 @@ class Receiver:
                 with lock:
                     status = recv.fail_status if len(recv.requests) < recv.fail_first else 200
                     recv.requests.append(Request(self.path, dict(self.headers), json.loads(body), status, time.time()))
+                if recv.delay:
+                    time.sleep(recv.delay)
                 self.send_response(status)
                 self.send_header("Content-Length", "2")
                 self.end_headers()
@@ -53,6 +58,12 @@ class Receiver:
 
             def log_message(self, *args: object) -> None:
                 pass
+
+            def handle(self) -> None:
+                try:
+                    super().handle()
+                except (BrokenPipeError, ConnectionResetError):  # the client was killed while we slept
+                    pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
