@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
+import queue
 import sqlite3
+import struct
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from .alerts import Alert, alert_line, backoff_delay, post_webhook, redact_url, scrub, slack_payload
+from .alerts import Alert, Delivery, alert_line, backoff_delay, post_webhook, redact_url, scrub, slack_payload
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,8 @@ class PendingDelivery:
     alert: Alert
     sink_id: str
     attempts: int
+    created_at: float = 0.0
+    """When the alert was recorded: the start of its deliveries' time to give up."""
 
 
 _SCHEMA = """
@@ -88,37 +94,69 @@ class StateLocked(RuntimeError):
     """Another watcher holds the state file."""
 
 
+_LOCK_BYTE = 0x7FFF0000
+"""The byte of the state file a watcher locks: one SQLite never locks (its lock bytes are the 512
+from 0x40000000), so the watcher's lock and SQLite's own never meet."""
+
+
+def _lock_state_file(path: Path) -> int:
+    """Open (or create) the state file and lock it for the watcher's life; returns the descriptor.
+
+    The lock is on the file itself, so it follows the file's identity (device and inode): a second
+    watcher reaching it through a symlink or a hard link is refused, which a lock file named after
+    the path given could not do."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        _lock_byte(fd)
+    except OSError:
+        os.close(fd)
+        where = f"{path} (the same file as {os.path.realpath(path)})" if os.path.realpath(path) != str(path) else str(path)
+        raise StateLocked(f"another klwatch watch is using {where}") from None
+    return fd
+
+
+def _lock_byte(fd: int) -> None:
+    """An exclusive, non-blocking lock on ``_LOCK_BYTE``; OSError when another holder has it.
+
+    Linux: an open-file-description lock (``F_OFD_SETLK``), which nothing else this process opens or
+    closes on the file can drop, and which a second opener in the same process also meets. Elsewhere
+    a POSIX record lock. Not ``flock``: on BSD/macOS, NFS and SMB it is an fcntl lock in disguise and
+    would fight SQLite's own. Without ``fcntl`` (Windows) SQLite's locking is all there is."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    ofd = getattr(fcntl, "F_OFD_SETLK", None)
+    if ofd is not None and struct.calcsize("P") == 8:  # struct flock: short, short, off_t, off_t, pid_t
+        fcntl.fcntl(fd, ofd, struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, _LOCK_BYTE, 1, 0))
+        return
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _LOCK_BYTE, os.SEEK_SET)
+
+
 class AlertState:
     """The watcher's SQLite memory: which boundaries were alerted, and which deliveries are pending.
 
     Every change is one transaction (``synchronous=FULL``), so a SIGKILL leaves either the whole
-    change or none of it. An exclusive ``flock`` on ``STATE.lock`` keeps two watchers from sharing a
-    file (the kernel drops it when the process dies, however it dies).
+    change or none of it. A lock on the state file itself (``_lock_state_file``) keeps two watchers
+    from sharing it, however they reach it (a symlink, a hard link); the kernel drops it when the
+    process dies, however it dies.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = self._take_lock(Path(str(self.path) + ".lock"))
-        self.db = sqlite3.connect(str(self.path), isolation_level=None, timeout=30.0)
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.db.executescript(_SCHEMA)
-        self.db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema', 'klwatch.watch-state/1')")
-
-    @staticmethod
-    def _take_lock(path: Path) -> Any:
-        """An exclusive ``flock`` held for the watcher's life (None where the platform has no flock)."""
+        self._lock_fd = _lock_state_file(self.path)
         try:
-            import fcntl
-        except ImportError:  # no flock on this platform: rely on SQLite's own locking
-            return None
-        fh = open(path, "a+")
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            fh.close()
-            raise StateLocked(f"another klwatch watch is using {path.with_suffix('')}") from None
-        return fh
+            self.db = sqlite3.connect(str(self.path), isolation_level=None, timeout=30.0)
+            self.db.execute("PRAGMA synchronous=FULL")
+            self.db.executescript(_SCHEMA)
+            self.db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema', 'klwatch.watch-state/1')")
+            columns = {row[1] for row in self.db.execute("PRAGMA table_info(deliveries)")}
+            if "abandoned_at" not in columns:  # a state file written before deliveries could be given up
+                self.db.execute("ALTER TABLE deliveries ADD COLUMN abandoned_at REAL")
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -134,8 +172,7 @@ class AlertState:
     def close(self) -> None:
         """Close the database, then release the lock for the next watcher."""
         self.db.close()
-        if self._lock is not None:
-            self._lock.close()
+        os.close(self._lock_fd)
 
     def record(self, alert: Alert, sinks: list[Sink], *, now: float) -> bool:
         """Remember a new alert with a pending delivery per sink; False when it was already known."""
@@ -152,11 +189,11 @@ class AlertState:
 
     def due(self, *, now: float | None) -> list[PendingDelivery]:
         """Pending deliveries whose backoff has run out (all pending ones when ``now`` is None)."""
-        q = ("SELECT d.alert_id, a.alert, d.sink, d.attempts FROM deliveries d JOIN alerts a ON a.id = d.alert_id "
-             "WHERE d.status = 'pending'" + ("" if now is None else " AND d.next_attempt_at <= ?") +
-             " ORDER BY d.alert_id, d.sink")
+        q = ("SELECT d.alert_id, a.alert, d.sink, d.attempts, a.created_at FROM deliveries d "
+             "JOIN alerts a ON a.id = d.alert_id WHERE d.status = 'pending' AND d.abandoned_at IS NULL" +
+             ("" if now is None else " AND d.next_attempt_at <= ?") + " ORDER BY d.alert_id, d.sink")
         rows = self.db.execute(q, () if now is None else (now,)).fetchall()
-        return [PendingDelivery(r[0], Alert.from_json(r[1]), r[2], r[3]) for r in rows]
+        return [PendingDelivery(r[0], Alert.from_json(r[1]), r[2], r[3], r[4]) for r in rows]
 
     def mark_delivered(self, d: PendingDelivery, *, attempts: int, now: float) -> None:
         """The sink accepted it: never sent to that sink again."""
@@ -170,39 +207,64 @@ class AlertState:
             db.execute("UPDATE deliveries SET attempts=attempts+?, last_error=?, next_attempt_at=? "
                        "WHERE alert_id=? AND sink=?", (attempts, error, next_at, d.alert_id, d.sink_id))
 
+    def abandon(self, d: PendingDelivery, *, attempts: int, error: str, now: float) -> None:
+        """Never try this delivery again (its retries are spent, or its URL is unusable); the row stays
+        as the record of what was not delivered. ``error`` must already be scrubbed of secrets."""
+        with self._tx() as db:
+            db.execute("UPDATE deliveries SET attempts=attempts+?, last_error=?, abandoned_at=? "
+                       "WHERE alert_id=? AND sink=?", (attempts, error, now, d.alert_id, d.sink_id))
+
+    def abandon_unusable(self, *, now: float) -> int:
+        """Drop pending deliveries to a webhook whose URL could not even be parsed when it was given
+        (an older watcher took it; its label is then ``***``): no watcher can ever deliver them, and
+        an older one crashed on them at every restart. Returns how many."""
+        with self._tx() as db:
+            cur = db.execute("UPDATE deliveries SET abandoned_at=?, last_error='webhook URL unusable' "
+                             "WHERE status='pending' AND abandoned_at IS NULL AND sink != 'stdout' "
+                             "AND sink_label NOT LIKE 'http://%' AND sink_label NOT LIKE 'https://%'", (now,))
+            return cur.rowcount
+
     def pending_elsewhere(self, sink_ids: set[str]) -> int:
         """Pending deliveries for sinks not in ``sink_ids`` (a webhook left off this time)."""
-        rows = self.db.execute("SELECT sink FROM deliveries WHERE status='pending'").fetchall()
+        rows = self.db.execute("SELECT sink FROM deliveries WHERE status='pending' AND abandoned_at IS NULL").fetchall()
         return sum(1 for (sink,) in rows if sink not in sink_ids)
 
     def pending(self) -> list[tuple[str, str, int, str | None]]:
-        """(alert key, sink label, attempts, last error) of every undelivered alert."""
-        rows = self.db.execute("SELECT a.lineage_id, a.step, a.verdict, d.sink_label, d.attempts, d.last_error "
-                               "FROM deliveries d JOIN alerts a ON a.id = d.alert_id WHERE d.status='pending'").fetchall()
-        return [(f"{r[0]}@{r[1]}:{r[2]}", r[3], r[4], r[5]) for r in rows]
+        """(alert key, sink label, attempts, last error) of every undelivered alert still being tried."""
+        rows = self.db.execute("SELECT a.alert, d.sink_label, d.attempts, d.last_error FROM deliveries d "
+                               "JOIN alerts a ON a.id = d.alert_id WHERE d.status='pending' AND d.abandoned_at IS NULL "
+                               "ORDER BY d.alert_id, d.sink").fetchall()
+        return [(Alert.from_json(r[0]).key, r[1], r[2], r[3]) for r in rows]
 
 
 @dataclass(frozen=True)
 class DeliveryConfig:
-    """How hard to try: inline attempts per delivery, then a persisted backoff between passes."""
+    """How hard to try: inline attempts per delivery, then a persisted backoff between passes, up to
+    a bound in attempts and in time after which the delivery is given up (with a warning)."""
 
     attempts: int = 3
     backoff: float = 0.5
     retry_base: float = 5.0
     retry_cap: float = 300.0
     timeout: float = 10.0
+    max_attempts: int = 100
+    """Attempts per delivery, all passes and restarts together (~2 h of a watcher's 5-minute backoff)."""
+    give_up_after: float = 24 * 3600.0
+    """Seconds after the alert was recorded past which a failing delivery is not tried again."""
 
 
 def deliver(state: AlertState, sinks: list[Sink], *, dashboard_url: str | None, out: TextIO,
             config: DeliveryConfig, respect_backoff: bool, warn: Callable[[str], None]) -> tuple[int, int]:
     """Send every due pending delivery to its sink; returns (delivered, failed).
 
-    A failure is told to ``warn`` (the command's console) and stays pending with its next attempt
-    pushed back, so one dead receiver never blocks the others nor loses an alert."""
+    stdout first, then the webhooks in parallel, one thread each (a slow webhook holds up none of the
+    others), each recorded as soon as its sink answers. A failure is told to ``warn`` (the command's
+    console) and stays pending with its next attempt pushed back, until its retries are spent."""
     by_id = {s.id: s for s in sinks}
-    secrets = [s.url for s in sinks if s.url]
+    now = time.time()
     delivered = failed = 0
-    for d in state.due(now=time.time() if respect_backoff else None):
+    queues: dict[str, list[PendingDelivery]] = {}
+    for d in state.due(now=now if respect_backoff else None):
         sink = by_id.get(d.sink_id)
         if sink is None:
             continue  # a webhook not given this time: stays pending for a watcher that has it
@@ -211,18 +273,52 @@ def deliver(state: AlertState, sinks: list[Sink], *, dashboard_url: str | None, 
             out.flush()
             state.mark_delivered(d, attempts=1, now=time.time())
             delivered += 1
-            continue
-        res = post_webhook(sink.url, slack_payload(d.alert, dashboard_url=dashboard_url), key=d.alert.key,
-                           attempts=config.attempts, backoff=config.backoff, timeout=config.timeout)
+        else:
+            queues.setdefault(sink.id, []).append(d)
+    for d, res in _post_in_parallel(queues, by_id, dashboard_url=dashboard_url, config=config):
         if res.ok:
             state.mark_delivered(d, attempts=res.attempts, now=time.time())
             delivered += 1
         else:
             failed += 1
-            total = d.attempts + res.attempts
-            error = scrub(res.error or "failed", secrets)
-            state.mark_failed(d, attempts=res.attempts, error=error,
-                              next_at=time.time() + backoff_delay(total, base=config.retry_base, cap=config.retry_cap))
-            warn(f"alert for {d.alert.run} step {d.alert.step} not delivered to {sink.label} "
-                 f"({error}); {total} attempt(s), will retry")
+            _record_failure(state, d, res, sink=by_id[d.sink_id], config=config, warn=warn)
     return delivered, failed
+
+
+def _post_in_parallel(queues: dict[str, list[PendingDelivery]], by_id: dict[str, Sink], *, dashboard_url: str | None,
+                      config: DeliveryConfig) -> Iterator[tuple[PendingDelivery, Delivery]]:
+    """One thread per webhook, posting its alerts in order; the results as they come, so the caller
+    records each the moment its sink answered. Threads are daemons: a watcher told to stop is not held
+    by a webhook that hangs."""
+    results: queue.Queue[tuple[PendingDelivery, Delivery]] = queue.Queue()
+
+    def post_all(sink: Sink, todo: list[PendingDelivery]) -> None:
+        for d in todo:
+            try:
+                res = post_webhook(str(sink.url), slack_payload(d.alert, dashboard_url=dashboard_url), key=d.alert.key,
+                                   attempts=config.attempts, backoff=config.backoff, timeout=config.timeout)
+            except Exception as exc:  # post_webhook never raises; should it, the result must still come back
+                res = Delivery(ok=False, attempts=1, error=f"{type(exc).__name__} while posting")
+            results.put((d, res))
+
+    for sink_id, todo in queues.items():
+        threading.Thread(target=post_all, args=(by_id[sink_id], todo), daemon=True, name=f"klwatch-{sink_id}").start()
+    for _ in range(sum(len(todo) for todo in queues.values())):
+        yield results.get()
+
+
+def _record_failure(state: AlertState, d: PendingDelivery, res: Delivery, *, sink: Sink, config: DeliveryConfig,
+                    warn: Callable[[str], None]) -> None:
+    """Back off and retry later, or give the delivery up when its URL is unusable or its attempts or
+    time are spent; either way the person at the console is told, with no secret in the message."""
+    now = time.time()
+    total = d.attempts + res.attempts
+    error = scrub(res.error or "failed", [sink.url or ""])
+    what = f"alert for {d.alert.run} step {d.alert.step} not delivered to {sink.label} ({error}); {total} attempt(s)"
+    if res.permanent or total >= config.max_attempts or now - d.created_at >= config.give_up_after:
+        state.abandon(d, attempts=res.attempts, error=error, now=now)
+        warn(f"{what}, given up (it stays recorded in the state file)")
+        return
+    state.mark_failed(d, attempts=res.attempts, error=error,
+                      next_at=now + backoff_delay(total, base=config.retry_base, cap=config.retry_cap))
+    warn(f"{what}, will retry")

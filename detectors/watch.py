@@ -6,9 +6,10 @@ command):
 - ``klwatch.read_cache.LocalReadCache`` reads each SOURCE, re-reading only what changed on disk
   since the last poll.
 - ``klwatch.alert_store.AlertState`` is the watcher's memory, a SQLite file recording each alert
-  with a pending delivery per sink before anything is sent, so a watcher killed at any point and
-  restarted neither re-alerts a boundary nor loses one (a boundary that arose while it was down is
-  judged on the next pass); ``deliver`` sends what is due, with a persisted backoff.
+  once, with a pending delivery per sink, before anything is sent, so a watcher killed at any point
+  and restarted never records a boundary twice nor loses one (a boundary that arose while it was
+  down is judged on the next pass); ``deliver`` sends what is due, to the webhooks in parallel, with
+  a persisted, bounded backoff. Delivery is at least once: see ``klwatch.alert_store``.
 - ``watch_pass`` is one poll: read, stitch and judge through ``klwatch.pipeline``, record new
   resets, deliver what is due.
 
@@ -30,7 +31,7 @@ import typer
 from rich.markup import escape
 
 from .alert_store import AlertState, DeliveryConfig, Sink, StateLocked, deliver
-from .alerts import Alert, alert_from_verdict, redact_url
+from .alerts import Alert, alert_from_verdict, redact_url, webhook_url_problem
 from .cli_common import ScanOptions, SourcesArg, err, with_scan_options
 from .model import ScanResult
 from .pipeline import ScanConfig, scan
@@ -97,7 +98,8 @@ def watch_command(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="A line per poll on stderr.")] = False,
     options: ScanOptions,
 ) -> None:
-    """Poll live runs and alert each newly judged reference reset exactly once (stdout, webhooks).
+    """Poll live runs; record each newly judged reference reset once and deliver it at least once to
+    stdout and every webhook (each POST carries X-Klwatch-Alert-Key, the same for every retry).
 
     Exit codes with --once: 0 pass done; 2 bad usage or nothing readable; 3 some sources unreadable
     or an alert could not be delivered (it stays pending in --state and is retried next time).
@@ -124,25 +126,32 @@ def watch_command(
 
 
 def _sinks(urls: list[str]) -> list[Sink]:
-    """stdout, then each distinct webhook; a URL that is not http(s) is a usage error (shown redacted)."""
+    """stdout, then each distinct webhook; a URL that cannot be POSTed to is a usage error at start-up
+    (shown redacted), never a crash at the first alert."""
     for u in urls:
-        if not u.startswith(("http://", "https://")):
-            err.print("[red]error[/] " + escape(f"--webhook must be an http(s) URL, not {redact_url(u)!r}"), highlight=False)
+        problem = webhook_url_problem(u)
+        if problem:
+            err.print("[red]error[/] " + escape(f"--webhook {redact_url(u)!r} is not usable: {problem}"), highlight=False)
             raise typer.Exit(EXIT_USAGE)
     return [Sink.stdout()] + [Sink.webhook(u) for u in dict.fromkeys(urls)]
 
 
 def _open_state(state_path: Path, sinks: list[Sink]) -> AlertState:
-    """The state file, or exit 2 when another watcher holds it or it is not a usable SQLite file;
-    warns of deliveries left pending for webhooks not given this time (they are kept, not dropped)."""
+    """The state file, or exit 2 when another watcher holds it (whatever link it is reached by) or it
+    cannot be created or used; warns of deliveries left pending for webhooks not given this time
+    (kept, not dropped) and of those dropped because their URL never was usable."""
     try:
         state = AlertState(state_path)
     except StateLocked as exc:
         err.print("[red]error[/] " + escape(f"{exc}"), highlight=False)
         raise typer.Exit(EXIT_USAGE)
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, OSError) as exc:
         err.print("[red]error[/] " + escape(f"cannot use --state {state_path}: {exc}"), highlight=False)
         raise typer.Exit(EXIT_USAGE)
+    dropped = state.abandon_unusable(now=time.time())
+    if dropped:
+        err.print(f"[yellow]warning[/] {dropped} alert delivery(ies) to a webhook URL that cannot be parsed dropped "
+                  "(given to an earlier watcher; they stay recorded in the state file)", highlight=False)
     orphaned = state.pending_elsewhere({s.id for s in sinks})
     if orphaned:
         err.print(f"[yellow]warning[/] {orphaned} alert delivery(ies) pending for webhook(s) not given this time; "
@@ -163,15 +172,16 @@ def _poll(specs: list[str], *, config: ScanConfig, state: AlertState, sinks: lis
         if verbose:
             _show_pass(report, state)
         if once:
-            return _once_exit_code(report.result, state)
+            return _once_exit_code(report, state)
         time.sleep(max(0.0, every - (time.monotonic() - started)))
 
 
-def _once_exit_code(result: ScanResult, state: AlertState) -> int:
-    """2 when nothing was readable; 3 when something was not, or an alert is still undelivered."""
-    if result.nothing_read:
+def _once_exit_code(report: PassReport, state: AlertState) -> int:
+    """2 when nothing was readable; 3 when something was not, or an alert is still undelivered (or was
+    given up in this pass)."""
+    if report.result.nothing_read:
         return EXIT_USAGE
-    if result.any_error or state.pending():
+    if report.result.any_error or report.failed or state.pending():
         return EXIT_UNREADABLE
     return EXIT_OK
 
