@@ -4,14 +4,15 @@ has not accepted yet.
 ``AlertState`` is a SQLite file. An alert is recorded (one row, unique on lineage id + boundary
 step + verdict) together with one pending delivery per sink, in one transaction, *before* anything
 is sent; a delivery is marked done in its own transaction after the sink accepted it. So a watcher
-killed at any point and restarted neither re-alerts a boundary (the row exists) nor loses one (a
-delivery that had not completed is still pending). The one window left is a kill between "the
-webhook answered 200" and "marked delivered": that alert is sent again, with the same
-``X-Klwatch-Alert-Key`` header so the receiver can drop it.
+killed at any point and restarted never records a boundary twice (the row exists) nor loses one (a
+delivery that had not completed is still pending). Delivery is therefore at least once: a kill
+between "the webhook answered 200" and "marked delivered" sends that alert again, with the same
+``X-Klwatch-Alert-Key`` header, so the receiver can drop it.
 
-``deliver`` sends what is due: a few inline attempts per delivery (``klwatch.alerts.post_webhook``),
-then a backoff persisted in the file, so a receiver that is down is retried across passes and
-restarts without being hammered.
+``deliver`` sends what is due: the webhooks in parallel (one thread each, so a slow one holds up no
+other), a few inline attempts per delivery (``klwatch.alerts.post_webhook``), then a backoff
+persisted in the file, so a receiver that is down is retried across passes and restarts without
+being hammered, until the retries are spent (``DeliveryConfig.max_attempts``, ``give_up_after``).
 """
 
 from __future__ import annotations
