@@ -286,12 +286,14 @@ def _polls(log: Path) -> int:
     return sum(line.startswith("poll: ") for line in log.read_text(errors="replace").splitlines())
 
 
-def _delivered_in_state(path: Path) -> int:
-    """Deliveries the watcher has committed as delivered, read without disturbing it."""
+def _delivered_in_state(path: Path, *, webhooks_only: bool = False) -> int:
+    """Deliveries the watcher has committed as delivered (stdout's are instant: ``webhooks_only``
+    leaves them out), read without disturbing it."""
     try:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
         try:
-            return int(con.execute("SELECT COUNT(*) FROM deliveries WHERE status='delivered'").fetchone()[0])
+            return int(con.execute("SELECT COUNT(*) FROM deliveries WHERE status='delivered'"
+                                   + (" AND sink != 'stdout'" if webhooks_only else "")).fetchone()[0])
         finally:
             con.close()
     except sqlite3.Error:
@@ -393,39 +395,28 @@ def _staged_processes(staging: Path, runs: int) -> list[Path]:
     return order
 
 
-def _webhook_rows_delivered(state: Path) -> int:
-    """Webhook deliveries the watcher has committed (stdout's are instant), read without disturbing it."""
-    try:
-        con = sqlite3.connect(f"file:{state}?mode=ro", uri=True, timeout=1.0)
-        try:
-            return int(con.execute("SELECT COUNT(*) FROM deliveries WHERE status='delivered' "
-                                   "AND sink != 'stdout'").fetchone()[0])
-        finally:
-            con.close()
-    except sqlite3.Error:
-        return 0
-
-
-def _one_life(runs: Path, state: Path, urls: list[str], log: Path, *, kill_mid_post: bool,
-              receivers: list, grow: Path | None) -> None:
-    """Start a watcher, let the runs grow under it, and SIGKILL it: in the middle of a POST (the
-    receiver has it, the state does not), or once it has recorded a delivery, or after a poll with
-    nothing to deliver, whichever comes first."""
-    posts = sum(len(r.requests) for r in receivers)
-    done = _webhook_rows_delivered(state)
-    cmd = [*KLWATCH, "watch", str(runs), "--every", "0.2", "--state", str(state), "--verbose"]
+def _one_life(runs: Path, state: Path, urls: list[str], log: Path, *, kill_when, grow: Path | None = None) -> None:
+    """Start a real watcher, let the runs grow under it (``grow`` lands whole, by a rename), and
+    SIGKILL it as soon as ``kill_when()``."""
+    hooks = [a for u in urls for a in ("--webhook", u)]
     with open(log, "ab") as fh:
-        proc = subprocess.Popen(cmd + [a for u in urls for a in ("--webhook", u)], stdout=fh, stderr=subprocess.STDOUT,
-                                env=ENV, cwd=REPO)
+        proc = subprocess.Popen([*KLWATCH, "watch", str(runs), "--every", "0.2", "--state", str(state), "--verbose", *hooks],
+                                stdout=fh, stderr=subprocess.STDOUT, env=ENV, cwd=REPO)
     try:
         if grow is not None:
             grow.rename(runs / grow.parent.name / grow.name)
-        polls = _polls(log)
-        _wait(lambda: (kill_mid_post and sum(len(r.requests) for r in receivers) > posts)
-              or _webhook_rows_delivered(state) > done or _polls(log) > polls, timeout=60, what="a kill point", proc=proc)
+        _wait(kill_when, timeout=60, what="a kill point", proc=proc)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
+
+
+def _kill_point(receivers: list, state: Path, log: Path, *, mid_post: bool):
+    """When to kill the next watcher: in the middle of a POST (the receiver has it, the state does
+    not), or once it has recorded a delivery, or after a poll with nothing to deliver, whichever first."""
+    posts, done, polls = sum(len(r.requests) for r in receivers), _delivered_in_state(state, webhooks_only=True), _polls(log)
+    return lambda: ((mid_post and sum(len(r.requests) for r in receivers) > posts)
+                    or _delivered_in_state(state, webhooks_only=True) > done or _polls(log) > polls)
 
 
 def test_a_watcher_killed_repeatedly_with_slow_webhooks_delivers_every_alert_with_one_key_each(tmp_path):
@@ -434,26 +425,20 @@ def test_a_watcher_killed_repeatedly_with_slow_webhooks_delivers_every_alert_wit
     alert's one key, each alert is recorded once, and nothing is lost."""
     receivers = [Receiver(delay=0.5).start() for _ in range(2)]
     runs, state, log = tmp_path / "runs", tmp_path / "state.db", tmp_path / "watch.log"
+    expected = {f"tensorboard:runs:r{i}@31:reference_reset" for i in range(4)}
+    log.touch()
     try:
-        staged = _staged_processes(tmp_path / "staging", runs=4)
+        staged = _staged_processes(tmp_path / "staging", runs=len(expected))
         for f in staged:
             (runs / f.parent.name).mkdir(parents=True, exist_ok=True)
         urls = [r.url + "/hook" for r in receivers]
         started = time.monotonic()
         for life in range(len(staged) + 2):
-            _one_life(runs, state, urls, log, kill_mid_post=life % 4 in (1, 2), receivers=receivers,
+            _one_life(runs, state, urls, log, kill_when=_kill_point(receivers, state, log, mid_post=life % 4 in (1, 2)),
                       grow=staged[life] if life < len(staged) else None)
-        expected = {f"tensorboard:runs:r{i}@31:reference_reset" for i in range(4)}
         # the last watcher lives until everything is delivered, then is killed too
-        with open(log, "ab") as fh:
-            proc = subprocess.Popen([*KLWATCH, "watch", str(runs), "--every", "0.2", "--state", str(state)]
-                                    + [a for u in urls for a in ("--webhook", u)], stdout=fh, stderr=subprocess.STDOUT,
-                                    env=ENV, cwd=REPO)
-        try:
-            _wait(lambda: _webhook_rows_delivered(state) == 2 * len(expected), timeout=60, what="every delivery", proc=proc)
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=30)
+        _one_life(runs, state, urls, log,
+                  kill_when=lambda: _delivered_in_state(state, webhooks_only=True) == len(receivers) * len(expected))
         took = time.monotonic() - started
         again = klwatch("watch", runs, "--once", "--state", state, *[a for u in urls for a in ("--webhook", u)])
     finally:
