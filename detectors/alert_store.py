@@ -111,7 +111,7 @@ def _lock_state_file(path: Path) -> int:
         _lock_byte(fd)
     except OSError:
         os.close(fd)
-        where = f"{path} (the same file as {os.path.realpath(path)})" if os.path.realpath(path) != str(path) else str(path)
+        where = f"{path} (a link to {os.path.realpath(path)})" if os.path.islink(path) else str(path)
         raise StateLocked(f"another klwatch watch is using {where}") from None
     return fd
 
