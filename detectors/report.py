@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 from xml.etree import ElementTree as ET
+
+import numpy as np
 
 from . import __version__
 from .model import BoundaryVerdict, LineageResult, ScanResult
@@ -42,6 +45,70 @@ def round_sig(x: float | None, digits: int = REPORT_DIGITS) -> float | None:
     return float(f"{x:.{digits}g}")
 
 
+def finite(x: float | None) -> float | None:
+    """``x`` as a float when finite, else None: JSON has no NaN or Infinity (a tracker may hold them)."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+# ------------------------------------------------------------------------------ text made valid
+
+_SURROGATES = re.compile(r"[\ud800-\udfff]")
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\ufffe\uffff]")
+"""Control characters (C0, DEL, C1), the Unicode line and paragraph separators, lone surrogates, and
+the two non-characters XML refuses."""
+
+
+def _escaped(m: re.Match[str]) -> str:
+    """One character as text: a byte a file name could not decode (surrogateescape) as ``\\xNN``, a
+    control character as ``\\xNN``, anything else as ``\\uNNNN``."""
+    o = ord(m.group())
+    if 0xDC80 <= o <= 0xDCFF:
+        return f"\\x{o - 0xDC00:02x}"
+    return f"\\x{o:02x}" if o <= 0xFF else f"\\u{o:04x}"
+
+
+def valid_unicode(text: str) -> str:
+    """``text`` with lone surrogates (undecodable bytes of a non-UTF-8 name) shown as ``\\xNN``: a
+    string every UTF-8 writer and every strict JSON parser accepts."""
+    return _SURROGATES.sub(_escaped, text)
+
+
+def printable(text: str, *, keep: str = "") -> str:
+    """``text`` with control characters and lone surrogates shown as escapes (``keep`` lists control
+    characters to leave, e.g. newlines in a message body), so one name cannot break a table, an XML
+    file or a terminal line. Already printable text comes back unchanged."""
+    if keep:
+        return _UNPRINTABLE.sub(lambda m: m.group() if m.group() in keep else _escaped(m), text)
+    return _UNPRINTABLE.sub(_escaped, text)
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` as plain JSON data: non-finite floats become None, numpy values Python ones, strings
+    valid Unicode. What every JSON face passes its data through before ``json_text``."""
+    if isinstance(obj, str):
+        return valid_unicode(obj)
+    if isinstance(obj, np.ndarray):
+        obj = obj.tolist()
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float):
+        return finite(obj)
+    if isinstance(obj, dict):
+        return {json_safe(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def json_text(data: Any) -> str:
+    """Indented JSON of data made safe by ``json_safe``. ``allow_nan=False``: a non-finite float that
+    slips past it is an error in the tests, never an invalid report (``"score": NaN``)."""
+    return json.dumps(data, indent=2, allow_nan=False)
+
+
 def boundary_dict(v: BoundaryVerdict) -> dict[str, Any]:
     """One boundary of the JSON report (SPEC ``boundaries``): numbers rounded so reports compare byte for byte."""
     b = v.boundary
@@ -50,12 +117,12 @@ def boundary_dict(v: BoundaryVerdict) -> dict[str, Any]:
         "resumed_from_step": None if b.resumed_from_step is None else int(b.resumed_from_step),
         "evidence": list(b.evidence),
         "verdict": v.verdict,
-        "score": round(float(v.score), 4),
+        "score": None if finite(v.score) is None else round(float(v.score), 4),
         "kl_before": round_sig(v.kl_before),
         "kl_after": round_sig(v.kl_after),
         "explanation": v.explanation,
-        "window_before": list(v.window_before) if v.window_before else None,
-        "window_after": list(v.window_after) if v.window_after else None,
+        "window_before": [int(s) for s in v.window_before] if v.window_before else None,
+        "window_after": [int(s) for s in v.window_after] if v.window_after else None,
     }
 
 
@@ -77,7 +144,8 @@ def lineage_dict(r: LineageResult) -> dict[str, Any]:
         "metric": r.metric,
         "status": r.status,
         "boundaries": boundaries,
-        "findings": [{"detector": f.detector, "step": f.step, "severity": f.severity, "message": f.message}
+        "findings": [{"detector": f.detector, "step": None if f.step is None else int(f.step), "severity": f.severity,
+                      "message": f.message}
                      for f in r.findings],
         "error": r.error,
         "step_axis": lin.step_axis,
@@ -87,8 +155,8 @@ def lineage_dict(r: LineageResult) -> dict[str, Any]:
 
 
 def to_dict(result: ScanResult) -> dict[str, Any]:
-    """The JSON report (SPEC.md ``--format json``)."""
-    return {
+    """The JSON report (SPEC.md ``--format json``), every float finite or None, every string valid Unicode."""
+    return json_safe({
         "schema": SCHEMA,
         "tool_version": __version__,
         "generated_at": result.generated_at,
@@ -96,12 +164,12 @@ def to_dict(result: ScanResult) -> dict[str, Any]:
                      "error": "; ".join(e.message for e in s.errors) or None,
                      "warnings": list(s.warnings)} for s in result.sources],
         "lineages": [lineage_dict(r) for r in result.results],
-    }
+    })
 
 
 def to_json(result: ScanResult) -> str:
-    """The JSON report as text, indented for people and diffs."""
-    return json.dumps(to_dict(result), indent=2)
+    """The JSON report as text, indented for people and diffs; valid JSON whatever the runs hold."""
+    return json_text(to_dict(result))
 
 
 def _fmt(x: float | None) -> str:
@@ -110,18 +178,20 @@ def _fmt(x: float | None) -> str:
 
 
 def rows(result: ScanResult) -> list[dict[str, str]]:
-    """One row per boundary (or per run without one): what the table and markdown show."""
+    """One row per boundary (or per run without one): what the table and markdown show, each cell one
+    printable line whatever the run's name holds."""
     out = []
     for r in result.results:
         kinds = ",".join(dict.fromkeys(s.kind for s in r.lineage.segments))
-        base = {"run": r.lineage.name, "tracker": kinds, "status": r.status, "metric": r.metric or "-"}
+        base = {"run": printable(r.lineage.name), "tracker": kinds, "status": r.status, "metric": printable(r.metric or "-")}
         if not r.verdicts:
             note = r.error or (r.findings[0].message if r.findings and r.status == "no_kl_metric" else "")
-            out.append({**base, "step": "-", "evidence": "-", "verdict": "-", "score": "-", "kl": "-", "note": note})
+            out.append({**base, "step": "-", "evidence": "-", "verdict": "-", "score": "-", "kl": "-",
+                        "note": printable(note)})
         for v in r.verdicts:
             out.append({**base, "step": str(v.boundary.step), "evidence": ",".join(v.boundary.evidence),
                         "verdict": v.verdict, "score": f"{v.score:.2f}",
-                        "kl": f"{_fmt(v.kl_before)} -> {_fmt(v.kl_after)}", "note": v.explanation})
+                        "kl": f"{_fmt(v.kl_before)} -> {_fmt(v.kl_after)}", "note": printable(v.explanation)})
     return out
 
 
@@ -156,9 +226,13 @@ def summary_line(result: ScanResult) -> str:
     return f"{len(result.results)} training run(s): {parts or 'none'}; {resets} boundary(ies) judged reference_reset."
 
 
+_MARKDOWN_CELL = str.maketrans({"\\": "\\\\", "|": "\\|", "<": "&lt;", "&": "&amp;"})
+
+
 def escape_cell(text: str) -> str:
-    """Text for a markdown table cell: a ``|`` would end the cell."""
-    return text.replace("|", "\\|")
+    """Text for a markdown table cell or list item, one line: a ``|`` would end the cell, a newline the
+    row, a ``<`` open HTML (``<!--`` hides the rest of the table), a backslash escape the next ``|``."""
+    return printable(text).translate(_MARKDOWN_CELL)
 
 
 def render_markdown(result: ScanResult) -> str:
@@ -170,7 +244,7 @@ def render_markdown(result: ScanResult) -> str:
         cells[2] = f"**{cells[2]}**" if row["status"] == "reference_reset" else cells[2]
         lines.append("| " + " | ".join(cells).replace("->", "→") + " |")
     if result.unreadable:
-        lines += ["", "Errors:", *[f"- {e}" for e in result.unreadable]]
+        lines += ["", "Errors:", *[f"- {escape_cell(e)}" for e in result.unreadable]]
     lines += ["", summary_line(result)]
     return "\n".join(lines) + "\n"
 
@@ -201,7 +275,26 @@ def junit_xml(result: ScanResult, *, finding_failures: Sequence[tuple[LineageRes
     suite.set("errors", str(counts["error"]))
     suite.set("skipped", str(counts["skipped"]))
     suite.set("tests", str(len(suite.findall("testcase"))))
-    return ET.tostring(suite, encoding="unicode", xml_declaration=True)
+    _xml_valid(suite)
+    return JUNIT_DECLARATION + ET.tostring(suite, encoding="unicode")
+
+
+JUNIT_DECLARATION = "<?xml version='1.0' encoding='utf-8'?>\n"
+"""The file is always written as UTF-8, so it says so (not the locale's encoding)."""
+
+_XML_KEEP = "\t\n\r"
+"""The only control characters XML 1.0 allows."""
+
+
+def _xml_valid(root: ET.Element) -> None:
+    """Every attribute and text under ``root`` made valid XML 1.0: a run's name or message may hold
+    control characters or undecodable bytes, which ElementTree writes as they are (then nothing parses
+    the file); they are shown as escapes instead."""
+    for el in root.iter():
+        for k, v in el.attrib.items():
+            el.set(k, printable(v, keep=_XML_KEEP))
+        if el.text:
+            el.text = printable(el.text, keep=_XML_KEEP)
 
 
 def _junit_case(suite: ET.Element, r: LineageResult, finding_lines: list[str]) -> list[str]:

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
+import numpy as np
 import pytest
 from rich.console import Console
 
-from klwatch.model import ScanResult
+from klwatch.model import Finding, ScanResult
 from klwatch.pipeline import ScanConfig, scan
-from klwatch.report import (EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, EXIT_USAGE, exit_code, junit_xml, render_markdown,
-                            render_table, round_sig, rows, to_dict, to_json)
+from klwatch.report import (EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, EXIT_USAGE, boundary_dict, escape_cell, exit_code,
+                            json_safe, json_text, junit_xml, printable, render_markdown, render_table, round_sig, rows,
+                            to_dict, to_json, valid_unicode)
 from spec_shape import check_report
 from tb_runs import write_run
 
@@ -197,3 +200,65 @@ def test_junit_without_finding_failures_is_what_the_scan_writes(everything):
     assert junit_xml(everything, finding_failures=()) == junit_xml(everything)
     assert junit_xml(everything).startswith("<?xml version='1.0' encoding=")
 
+
+
+# ------------------------------------------------------------------------ valid whatever the runs hold
+
+
+def _strict_json(text: str) -> dict:
+    """Parse as a strict parser does: NaN and Infinity are not JSON."""
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} in the report")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.fixture
+def non_finite(logs: Path) -> ScanResult:
+    """The reset run as a tracker holding NaN and ±inf (MLflow keeps them) would leave its verdict, with a
+    numpy step on a finding: a fresh scan, since the module's is shared."""
+    result = scan_of(logs / "runs" / "grpo|buggy")
+    v = result.results[0].verdicts[0]
+    v.score, v.kl_before, v.kl_after = float("nan"), float("inf"), float("-inf")
+    result.results[0].findings[:0] = [Finding("kl_ratchet", np.int64(41), "error", "ratchet")]
+    return result
+
+
+def test_non_finite_numbers_are_null_in_the_json_report_never_nan_or_infinity(non_finite):
+    [b] = _strict_json(to_json(non_finite))["lineages"][0]["boundaries"]
+    assert b["score"] is None and b["kl_before"] is None and b["kl_after"] is None
+    assert b["step"] == 41 and isinstance(b["window_before"][0], int)
+    assert json.dumps(to_dict(non_finite), allow_nan=False)  # the dict itself is safe, not only the text
+    assert boundary_dict(non_finite.results[0].verdicts[0])["score"] is None  # what the dashboard shows
+
+
+def test_json_safe_turns_numpy_and_non_finite_values_into_plain_json():
+    data = {"a": np.float32(0.5), "b": [np.int64(3), float("nan")], "c": (np.array([1.0, np.inf]),), "d": "x\udcff"}
+    assert json_safe(data) == {"a": 0.5, "b": [3, None], "c": [[1.0, None]], "d": "x\\xff"}
+    assert json_text(json_safe(data))
+    with pytest.raises(ValueError):
+        json_text({"score": float("nan")})  # unsafe data is an error, never an invalid report
+
+
+def test_printable_shows_control_characters_and_undecodable_bytes_as_escapes():
+    assert printable("ok → name") == "ok → name"
+    assert printable("a\x1b[31m\nb\udcff\ud800\ufffe") == "a\\x1b[31m\\x0ab\\xff\\ud800\\ufffe"
+    assert printable("line\nbreak\tx\x00", keep="\n\t") == "line\nbreak\tx\\x00"
+    assert valid_unicode("ctl\x01\udce9") == "ctl\x01\\xe9"  # JSON escapes control characters itself
+    assert printable(printable("\x07\udcff")) == printable("\x07\udcff")
+
+
+def test_a_markdown_cell_stays_one_cell_on_one_line_and_opens_no_html():
+    cell = escape_cell("a|b\nc<!--d&e\\|")
+    assert "\n" not in cell and "<" not in cell and cell.count("&") == 2
+    assert re.sub(r"\\.", "", cell).count("|") == 0  # every pipe escaped, the backslash too
+
+
+def test_junit_is_parseable_whatever_the_names_and_messages_hold(logs):
+    result = scan_of(logs / "runs" / "grpo|buggy", logs / "bad")
+    result.results[0].lineage.name = "ctl\x01\x1b[31m<&>\udcff\ufffe"
+    result.results[0].verdicts[0].explanation = "why\x00 \udce9"
+    suite = ET.fromstring(junit_xml(result).encode("utf-8"))
+    assert [c.get("name") for c in suite.iter("testcase")][0] == "ctl\\x01\\x1b[31m<&>\\xff\\ufffe"
+    assert suite.find("testcase/failure").text == "why\\x00 \\xe9"
+    assert junit_xml(result).startswith("<?xml version='1.0' encoding='utf-8'?>\n")
