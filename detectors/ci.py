@@ -19,11 +19,12 @@ import numpy as np
 import typer
 from rich.markup import escape
 
-from .cli_common import JunitOpt, ScanOptions, SourcesArg, err, run_scan, with_scan_options
+from .cli_common import (JunitOpt, ScanOptions, SourcesArg, check_outputs, err, error_exit, run_scan, with_scan_options,
+                         write_output)
 from .model import BoundaryVerdict, Finding, LineageResult, ScanResult
 from .pipeline import ScanConfig, scan
 from .reference_reset import ReferenceResetConfig
-from .report import EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, EXIT_USAGE, escape_cell, exit_code, junit_xml
+from .report import EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, escape_cell, exit_code, junit_xml, printable
 
 RESET = "reference_reset"
 DEFAULT_FAIL_ON: tuple[str, ...] = (RESET,)
@@ -105,8 +106,9 @@ def problem_line(p: Problem) -> str:
 
 
 def _escape_data(s: str) -> str:
-    """A workflow command's message: ``%``, CR and LF encoded so a message stays one annotation."""
-    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    """A workflow command's message: ``%``, CR and LF encoded so a message stays one annotation, other
+    control characters (an escape sequence, a NEL in a run's name) shown as escapes."""
+    return printable(s, keep="\r\n").replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
 def _escape_property(s: str) -> str:
@@ -182,7 +184,7 @@ def step_summary(result: ScanResult, found: list[Problem]) -> str:
         lines.append("")
         lines += _summary_sparklines(found)
     if result.unreadable:
-        lines += ["Could not read:", "", *[f"- {e}" for e in result.unreadable], ""]
+        lines += ["Could not read:", "", *[f"- {escape_cell(e)}" for e in result.unreadable], ""]
     return "\n".join(lines) + "\n"
 
 
@@ -222,8 +224,9 @@ def _summary_sparklines(found: list[Problem]) -> list[str]:
         if spark is None:
             continue
         steps = [int(b.step) for b in r.lineage.boundaries]
-        lines += [f"**{r.lineage.name}** — `{r.metric}`, resumes at step(s) {', '.join(map(str, steps)) or '-'}; "
-                  "`^` marks a reference reset", "", "```text", f"KL {spark[0]}", f"   {spark[1]}", "```", ""]
+        head = f"**{escape_cell(r.lineage.name)}** — `{printable(r.metric or '-')}`"
+        lines += [f"{head}, resumes at step(s) {', '.join(map(str, steps)) or '-'}; `^` marks a reference reset", "",
+                  "```text", f"KL {spark[0]}", f"   {spark[1]}", "```", ""]
         lines += [f"> {v.explanation}" for v in r.verdicts if v.verdict == RESET][:SUMMARY_EXPLANATIONS]
         lines.append("")
     return lines
@@ -258,9 +261,9 @@ def check_command(
     try:
         names = parse_fail_on(fail_on)
     except ValueError as exc:
-        err.print("[red]error[/] " + escape(f"{exc}"), highlight=False)
-        raise typer.Exit(EXIT_USAGE)
+        error_exit(f"{exc}")
     config = options.config()
+    check_outputs({"--junit": junit})
     result = run_scan(sources, config, show_progress=False)
     found = problems(result, fail_on=names)
     _print_problems(result, found, github=os.environ.get("GITHUB_ACTIONS") == "true")
@@ -268,7 +271,7 @@ def check_command(
     if summary:
         _append_step_summary(summary, step_summary(result, found))
     if junit is not None:
-        junit.write_text(junit_with_findings(result, found))
+        write_output(junit, junit_with_findings(result, found), flag="--junit")
     raise typer.Exit(check_exit_code(result, found))
 
 
@@ -276,18 +279,18 @@ def _print_problems(result: ScanResult, found: list[Problem], *, github: bool) -
     """One line per problem on stdout, then one per unreadable source or run (stderr, or annotations
     on stdout under GitHub Actions)."""
     for p in found:
-        print(github_annotation(p) if github else problem_line(p))
+        print(github_annotation(p) if github else printable(problem_line(p)))
     n_sources = sum(len(s.errors) for s in result.sources)
     for i, msg in enumerate(result.unreadable):  # the sources' errors come first, then the runs'
         title = "klwatch: unreadable source" if i < n_sources else "klwatch: unreadable run"
-        print(f"::error title={_escape_property(title)}::{_escape_data(msg)}" if github else f"error: {msg}",
+        print(f"::error title={_escape_property(title)}::{_escape_data(msg)}" if github else f"error: {printable(msg)}",
               file=sys.stdout if github else sys.stderr)
 
 
 def _append_step_summary(path: str, text: str) -> None:
     """Append (never overwrite: earlier steps wrote there too); a summary that cannot be written only warns."""
     try:
-        with open(path, "a", encoding="utf-8") as fh:
+        with open(path, "a", encoding="utf-8", errors="backslashreplace") as fh:
             fh.write(text)
     except OSError as exc:
         err.print("[yellow]warning[/] " + escape(f"cannot append to GITHUB_STEP_SUMMARY {path}: {exc}"), highlight=False)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from io import StringIO
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -15,8 +16,10 @@ import typer
 from rich.console import Console
 
 from . import __version__
-from .cli_common import JunitOpt, ScanOptions, SourcesArg, err, report_errors, run_scan, with_scan_options
-from .report import EXIT_USAGE, exit_code, junit_xml, render_markdown, render_table, to_json
+from .cli_common import (JunitOpt, ScanOptions, SourcesArg, check_outputs, error_exit, report_errors, run_scan,
+                         tolerant_std_streams, with_scan_options, write_output)
+from .model import ScanResult
+from .report import exit_code, junit_xml, render_markdown, render_table, to_json
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Catch silent bugs at checkpoint/resume boundaries of RL post-training runs.")
@@ -34,34 +37,33 @@ def scan_command(
 ) -> None:
     """Read every run in the sources, rebuild each training run's resume history, judge every resume boundary."""
     if fmt not in ("table", "json", "markdown"):
-        err.print(f"[red]error[/] --format must be table, json or markdown, not {fmt!r}")
-        raise typer.Exit(EXIT_USAGE)
+        error_exit(f"--format must be table, json or markdown, not {fmt!r}")
     config = options.config()
+    check_outputs({"--output": output, "--junit": junit})
     result = run_scan(sources, config)
     report_errors(result)
-    if fmt == "json":
-        text = to_json(result) + "\n"
-    elif fmt == "markdown":
-        text = render_markdown(result)
-    else:
-        text = None
     if output is not None:
-        if text is None:
-            from io import StringIO
-
-            buf = StringIO()
-            render_table(result, Console(file=buf, width=160, force_terminal=False))
-            text = buf.getvalue()
-        output.write_text(text)
-    elif text is not None:
-        sys.stdout.write(text)
-    else:
+        write_output(output, _report_text(result, fmt), flag="--output")
+    elif fmt == "table":
         # piped into a file or a CI log: do not squeeze the table into 80 columns
         wide = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "200"))
         render_table(result, Console(width=wide))
+    else:
+        sys.stdout.write(_report_text(result, fmt))
     if junit is not None:
-        junit.write_text(junit_xml(result))
+        write_output(junit, junit_xml(result), flag="--junit")
     raise typer.Exit(exit_code(result))
+
+
+def _report_text(result: ScanResult, fmt: str) -> str:
+    """The report in ``fmt`` as text (the table as 160 plain columns, for a file)."""
+    if fmt == "json":
+        return to_json(result) + "\n"
+    if fmt == "markdown":
+        return render_markdown(result)
+    buf = StringIO()
+    render_table(result, Console(file=buf, width=160, force_terminal=False))
+    return buf.getvalue()
 
 
 def _register_commands() -> None:
@@ -95,6 +97,7 @@ _register_commands()
 
 def main() -> None:
     """Console-script entry point; typer's usage errors exit 2 as SPEC.md says."""
+    tolerant_std_streams()
     app()
 
 

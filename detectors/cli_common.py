@@ -1,16 +1,23 @@
 """What the commands share: option types, the options of every judging command (``ScanOptions``,
-``with_scan_options``) and their ScanConfig, running a scan with a progress bar, and printing what
-could not be read. Faces in their own modules (``check``, ``watch``, ``compare``, ``dashboard``)
-import from here, never from ``klwatch.cli``."""
+``with_scan_options``) and their ScanConfig, running a scan with a progress bar, printing what
+could not be read, one-line errors, and writing output files (atomically, or exit 2). Faces in their
+own modules (``check``, ``watch``, ``compare``, ``dashboard``) import from here, never from
+``klwatch.cli``."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import inspect
+import os
+import secrets
+import stat
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated, Any, Optional, get_type_hints
+from typing import Annotated, Any, NoReturn, Optional, get_type_hints
 
 import typer
 from rich.console import Console
@@ -20,7 +27,7 @@ from .boundaries import BoundaryConfig
 from .model import ScanResult
 from .pipeline import ScanConfig, scan
 from .reference_reset import ReferenceResetConfig
-from .report import EXIT_USAGE
+from .report import EXIT_USAGE, printable
 from .sources.limits import ReadLimits
 from .stitching import StitchConfig, load_lineage_file
 
@@ -116,18 +123,133 @@ def run_scan(sources: list[str], config: ScanConfig, *, show_progress: bool = Tr
 
 
 def report_errors(result: ScanResult) -> None:
-    """Every unreadable source or run on stderr, naming it and why."""
+    """Every unreadable source or run on stderr, naming it and why (a name's control characters shown
+    as escapes, so each message stays its own line)."""
     for s in result.sources:
         for w in s.warnings:
-            err.print("[yellow]warning[/] " + escape(w), highlight=False)
+            err.print("[yellow]warning[/] " + escape(printable(w)), highlight=False)
         for e in s.errors:
-            err.print("[red]error[/] " + escape(f"{e.message}"), highlight=False)
+            err.print("[red]error[/] " + escape(printable(e.message)), highlight=False)
     for r in result.results:
         if r.error:
             msg = r.error if r.error.startswith(r.lineage.name) else f"{r.lineage.name}: {r.error}"
-            err.print("[red]error[/] " + escape(msg), highlight=False)
+            err.print("[red]error[/] " + escape(printable(msg)), highlight=False)
         for seg in r.lineage.segments:
             for w in seg.warnings:
-                err.print("[yellow]warning[/] " + escape(f"{w}"), highlight=False)
+                err.print("[yellow]warning[/] " + escape(printable(w)), highlight=False)
 
 
+
+
+# ------------------------------------------------------------------------- errors and output files
+
+
+def error_exit(message: str, code: int = EXIT_USAGE) -> NoReturn:
+    """``error MESSAGE`` as one line on stderr and exit ``code`` (2 by default). Never wrapped, and
+    brackets or control characters in a path are shown as they are, not taken as markup."""
+    err.print("[red]error[/] " + escape(printable(message)), highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def tolerant_std_streams() -> None:
+    """Let stdout and stderr show what they cannot encode (a non-UTF-8 folder name, held as lone
+    surrogates) as backslash escapes instead of raising mid-report. Streams already tolerant (the
+    C locale's surrogateescape writes the original bytes back) are left as they are."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
+def _write_target(path: Path) -> tuple[Path, bool]:
+    """Where writing ``path`` lands, and whether in place: a symlink's target (the link is kept); a
+    device or pipe (``/dev/stdout``) is written directly, since a rename would replace it."""
+    try:
+        st: os.stat_result | None = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "it is a folder, not a file", str(path))
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        return path, True
+    return Path(os.path.realpath(path)), False
+
+
+def _temp_beside(target: Path) -> tuple[int, Path]:
+    """A new file in ``target``'s folder (same file system, so the rename is atomic), created with
+    the umask's mode; a short name, since ``target``'s may already be at the length limit."""
+    tmp = target.parent / f".klwatch-{secrets.token_hex(6)}.tmp"
+    return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
+
+
+def probe_writable(path: Path) -> None:
+    """Raise the OSError writing ``path`` would raise, by creating and removing a file beside it:
+    cheap, so a bad output path fails before a long scan rather than after it."""
+    target, in_place = _write_target(path)
+    if in_place or target.exists():
+        if not os.access(target, os.W_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(target))
+        if in_place:
+            return
+    fd, tmp = _temp_beside(target)
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` as UTF-8 to ``path`` all at once: into a temporary file beside it, then renamed
+    over it, so a failed write leaves the old file (or none), never half a file. Characters UTF-8
+    cannot hold (lone surrogates) are written as backslash escapes."""
+    data = text.encode("utf-8", "backslashreplace")
+    target, in_place = _write_target(path)
+    if in_place:
+        with open(target, "wb") as fh:
+            fh.write(data)
+        return
+    mode = stat.S_IMODE(os.stat(target).st_mode) if target.exists() else None
+    fd, tmp = _temp_beside(target)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def why_unwritable(path: Path, exc: OSError) -> str:
+    """What to tell a user about ``exc``: the folder that is missing or is a file, else the system's
+    own reason (permission denied, read-only file system, no space left)."""
+    if exc.errno == errno.EISDIR:
+        return "it is a folder, not a file"
+    if exc.errno == errno.ENOTDIR:
+        blocker = next((p for p in Path(path).absolute().parents if p.exists() and not p.is_dir()), None)
+        return f"{blocker} is a file, not a folder" if blocker else "a part of the path is not a folder"
+    folder = Path(path).absolute().parent
+    if exc.errno == errno.ENOENT:
+        return f"the folder {folder} does not exist" if not folder.exists() else f"no file can be created in {folder}"
+    return exc.strerror or str(exc)
+
+
+def check_outputs(outputs: dict[str, Path | None]) -> None:
+    """Exit 2 naming the first output (``{flag: path}``) that cannot be written, before any scan."""
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        try:
+            probe_writable(path)
+        except OSError as exc:
+            error_exit(f"cannot write {flag} {path}: {why_unwritable(path, exc)}")
+
+
+def write_output(path: Path, text: str, *, flag: str) -> None:
+    """Write an output file (``--junit``, ``-o``) atomically, or exit 2 naming it and why: never a
+    traceback, never half a file, never exit 1 (which CI reads as "a reset was found")."""
+    try:
+        write_atomically(path, text)
+    except OSError as exc:
+        error_exit(f"cannot write {flag} {path}: {why_unwritable(path, exc)}")

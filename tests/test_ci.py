@@ -105,6 +105,22 @@ def test_exit_codes_for_unreadable_sources(runs, tmp_path):
     assert gh.exit_code == 3 and gh.stdout.startswith("::error title=klwatch%3A unreadable source::")
 
 
+@pytest.mark.parametrize("where", ["under a file", "a folder"])
+def test_an_unwritable_junit_path_exits_2_before_the_scan_even_with_a_reset_to_report(runs, tmp_path, where):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    junit, why = {"under a file": (blocker / "klwatch.xml", f"{blocker} is a file, not a folder"),
+                  "a folder": (tmp_path, "it is a folder, not a file")}[where]
+    res = check(runs / "bad", "--junit", junit)  # the reset would exit 1: CI must not read this as one
+    assert res.exit_code == 2 and res.stdout == ""  # stopped before the scan: no reset lines either
+    assert res.stderr == f"error cannot write --junit {junit}: {why}\n"
+
+
+def test_a_step_summary_that_cannot_be_written_only_warns(runs, tmp_path):
+    res = check(runs / "good", env={"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(tmp_path)})
+    assert res.exit_code == 0 and "warning cannot append to GITHUB_STEP_SUMMARY" in res.stderr
+
+
 def test_an_unreadable_run_is_its_own_annotation_after_the_unreadable_sources(runs, tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()

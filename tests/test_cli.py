@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -179,3 +180,89 @@ def test_a_dataset_file_in_a_run_tree_is_skipped_but_an_error_when_named(runs, t
     named = klwatch("scan", tree / "data" / "prompts.jsonl", "--format", "json")
     assert named.returncode == 2
     assert "prompts.jsonl" in named.stderr and "no step column" in named.stderr
+
+
+# ------------------------------------------------------------------------------------ output files
+
+
+def one_line_error(out: subprocess.CompletedProcess, *parts: str) -> None:
+    """Exit 2 with one ``error`` line naming what went wrong: no traceback, no report."""
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert "Traceback" not in out.stderr and out.stdout == ""
+    [line] = [ln for ln in out.stderr.splitlines() if ln.startswith("error")]
+    for part in parts:
+        assert part in line, line
+
+
+def unwritable_paths(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """Output paths that cannot be written even by root (chmod does not stop root): under a regular
+    file, in /proc, a folder given as the file, in a folder that does not exist."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    return {"under a file": (blocker / "out.xml", f"{blocker} is a file, not a folder"),
+            "in /proc": (Path("/proc/klwatch-out.xml"), "no file can be created in /proc"),
+            "a folder": (tmp_path, "it is a folder, not a file"),
+            "no folder": (tmp_path / "missing" / "out.xml", f"the folder {tmp_path / 'missing'} does not exist")}
+
+
+@pytest.mark.parametrize("case", ["under a file", "in /proc", "a folder", "no folder"])
+@pytest.mark.parametrize("flag", ["--junit", "--output"])
+def test_an_unwritable_output_path_exits_2_naming_it_and_why_even_when_a_reset_is_found(runs, tmp_path, flag, case):
+    path, why = unwritable_paths(tmp_path)[case]
+    out = klwatch("scan", runs / "grpo-buggy", flag, path, "--format", "json")  # a reset: would exit 1
+    one_line_error(out, f"cannot write {flag} {path}", why)
+    assert not any(p.name.startswith(".klwatch-") for p in tmp_path.iterdir())  # no temporary file left
+
+
+def test_output_files_are_written_whole_with_the_usual_permissions(runs, tmp_path):
+    report, junit = tmp_path / "report.json", tmp_path / "klwatch.xml"
+    report.write_text("stale, longer than nothing " * 1000)
+    report.chmod(0o640)
+    out = klwatch("scan", runs / "grpo-fixed", "-o", report, "--format", "json", "--junit", junit)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(report.read_text(encoding="utf-8"))["lineages"][0]["name"] == "grpo-fixed"
+    assert (report.stat().st_mode & 0o777) == 0o640  # an existing file keeps its mode
+    assert (junit.stat().st_mode & 0o777) == 0o666 & ~current_umask()  # a new one is not the temp file's 0600
+    assert ET.parse(junit).getroot().get("tests") == "1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["klwatch.xml", "report.json"]
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_an_output_through_a_symlink_replaces_the_target_and_keeps_the_link(runs, tmp_path):
+    target = tmp_path / "real.md"
+    target.write_text("old")
+    link = tmp_path / "link.md"
+    link.symlink_to(target)
+    out = klwatch("scan", runs / "grpo-fixed", "-o", link, "--format", "markdown")
+    assert out.returncode == 0, out.stderr
+    assert link.is_symlink() and target.read_text(encoding="utf-8").startswith("| run |")
+
+
+def test_a_write_that_fails_after_the_scan_exits_2_and_leaves_the_old_file_whole(runs, tmp_path, monkeypatch):
+    """The disk fills up between the check before the scan and the write after it."""
+    from typer.testing import CliRunner
+
+    from klwatch.cli import app
+
+    junit = tmp_path / "klwatch.xml"
+    junit.write_text("<old/>")
+
+    def disk_full(src: str, dst: str) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "replace", disk_full)
+    res = CliRunner().invoke(app, ["scan", str(runs / "grpo-buggy"), "--format", "json", "--junit", str(junit)])
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.output
+    assert f"error cannot write --junit {junit}: No space left on device\n" in res.stderr
+    assert junit.read_text() == "<old/>" and [p.name for p in tmp_path.iterdir()] == ["klwatch.xml"]
+
+
+def test_a_device_is_written_in_place_never_renamed_over():
+    from klwatch.cli_common import _write_target
+
+    assert _write_target(Path("/dev/null")) == (Path("/dev/null"), True)
