@@ -7,18 +7,16 @@ why it is built the way it is, lives in ``klwatch.comparison``.
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import asdict
 from typing import Annotated, Any, Optional
 
 import typer
 
-from .cli_common import MetricOpt, err
-from .comparison import CompareConfig, Comparison, compare_runs, first_resume, fmt_ratio
+from .cli_common import MetricOpt, err, error_exit
+from .comparison import CompareConfig, Comparison, compare_runs, first_resume, fmt_ratio, log_ratio
 from .model import LineageResult
 from .pipeline import ScanConfig, matches_pattern, scan
-from .report import EXIT_UNREADABLE, EXIT_USAGE, round_sig
+from .report import EXIT_UNREADABLE, json_safe, json_text, printable, round_sig
 from .sources import split_pattern
 
 EXIT_AGREE, EXIT_PARTED = 0, 1
@@ -74,14 +72,15 @@ def _side(spec: str, r: LineageResult) -> dict[str, Any]:
 
 
 def comparison_dict(cmp: Comparison, *, control: dict[str, Any], resumed: dict[str, Any], resume_from: str) -> dict[str, Any]:
-    """The JSON report (``klwatch.compare/1``): every field of the Comparison, numbers rounded as the scan report's."""
+    """The JSON report (``klwatch.compare/1``): every field of the Comparison, numbers rounded as the scan
+    report's, finite or None, strings valid Unicode."""
     d = asdict(cmp)
     for k, v in list(d.items()):
         if isinstance(v, float):
             d[k] = round_sig(v)
-    d["tolerance_ratio"] = round_sig(math.exp(cmp.tolerance))
-    return {"schema": SCHEMA, "control": control, "resumed": resumed, "resume_step_from": resume_from,
-            "test": "mann-whitney-u", **d}
+    d["tolerance_ratio"] = round_sig(log_ratio(cmp.tolerance))
+    return json_safe({"schema": SCHEMA, "control": control, "resumed": resumed, "resume_step_from": resume_from,
+                      "test": "mann-whitney-u", **d})
 
 
 def compare_command(
@@ -99,17 +98,15 @@ def compare_command(
     run, no resume step, nothing in common); 3 a SOURCE could not be read.
     """
     if fmt not in ("table", "json"):
-        err.print(f"[red]error[/] --format must be table or json, not {fmt!r}")
-        raise typer.Exit(EXIT_USAGE)
+        error_exit(f"--format must be table or json, not {fmt!r}")
     c_run, r_run = _resolve_both(control, resumed, ScanConfig(metrics=tuple(metric or ()), findings=False))
     resume_step, resume_from = _resume_step(r_run, spec=resumed, from_step=from_step)
     cmp = compare_runs(c_run, r_run, resume_step=resume_step, config=CompareConfig(sigmas=sigmas, window=window))
     if cmp.verdict == "insufficient":
-        err.print(f"[red]error[/] {cmp.explanation}", highlight=False)
-        raise typer.Exit(EXIT_USAGE)
+        error_exit(cmp.explanation)
     if fmt == "json":
-        print(json.dumps(comparison_dict(cmp, control=_side(control, c_run), resumed=_side(resumed, r_run),
-                                         resume_from=resume_from), indent=2))
+        print(json_text(comparison_dict(cmp, control=_side(control, c_run), resumed=_side(resumed, r_run),
+                                        resume_from=resume_from)))
     else:
         _render_table(cmp, c_run, r_run, resume_from)
     raise typer.Exit(EXIT_PARTED if cmp.verdict == "parted" else EXIT_AGREE)
@@ -121,11 +118,9 @@ def _resolve_both(control: str, resumed: str, config: ScanConfig) -> tuple[Linea
         return (resolve_run(control, role="CONTROL", config=config),
                 resolve_run(resumed, role="RESUMED", config=config))
     except CompareUsageError as exc:
-        err.print(f"[red]error[/] {exc}", highlight=False)
-        raise typer.Exit(EXIT_USAGE)
+        error_exit(f"{exc}")
     except CompareReadError as exc:
-        err.print(f"[red]error[/] {exc}", highlight=False)
-        raise typer.Exit(EXIT_UNREADABLE)
+        error_exit(f"{exc}", EXIT_UNREADABLE)
 
 
 def _resume_step(r_run: LineageResult, *, spec: str, from_step: int | None) -> tuple[int, str]:
@@ -134,9 +129,7 @@ def _resume_step(r_run: LineageResult, *, spec: str, from_step: int | None) -> t
         return from_step, "--from-step"
     step = first_resume(r_run)
     if step is None:
-        err.print(f"[red]error[/] RESUMED {spec}: no resume found in run {r_run.lineage.name}; give --from-step STEP",
-                  highlight=False)
-        raise typer.Exit(EXIT_USAGE)
+        error_exit(f"RESUMED {spec}: no resume found in run {r_run.lineage.name}; give --from-step STEP")
     return step, "first boundary of RESUMED"
 
 
@@ -148,16 +141,18 @@ def _g(x: float | None) -> str:
 def _render_table(cmp: Comparison, c_run: LineageResult, r_run: LineageResult, resume_from: str) -> None:
     """The verdict as a two-column table on stdout, the explanation under it, warnings on stderr."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     t = Table(title="klwatch compare", show_header=False)
     t.add_column("", style="bold")
     t.add_column("")
-    t.add_row("control", f"{c_run.lineage.name} ({','.join(_trackers(c_run))}, {c_run.metric})")
-    t.add_row("resumed", f"{r_run.lineage.name} ({','.join(_trackers(r_run))}, {r_run.metric})")
+    t.add_row("control", Text(printable(f"{c_run.lineage.name} ({','.join(_trackers(c_run))}, {c_run.metric})")))
+    t.add_row("resumed", Text(printable(f"{r_run.lineage.name} ({','.join(_trackers(r_run))}, {r_run.metric})")))
     t.add_row("from step", f"{cmp.resume_step} ({resume_from})")
     t.add_row("steps compared", f"{cmp.n_pre} before, {cmp.n_post} from the resume on")
-    t.add_row("tolerance", f"x{math.exp(cmp.tolerance):.3g} (control noise {cmp.noise:.3g} in log)")
+    t.add_row("tolerance", f"x{log_ratio(cmp.tolerance):.3g} (control noise {cmp.noise:.3g} in log)")
     t.add_row("two-sample test", "-" if cmp.p_value is None else f"Mann-Whitney p={cmp.p_value:.3g}")
     style = "bold red" if cmp.verdict == "parted" else "green"
     t.add_row("verdict", f"[{style}]{cmp.verdict}[/]")
@@ -167,6 +162,6 @@ def _render_table(cmp: Comparison, c_run: LineageResult, r_run: LineageResult, r
     t.add_row("largest gap", f"x{fmt_ratio(cmp.max_ratio)} at step {cmp.max_gap_step}")
     console = Console()
     console.print(t)
-    console.print(cmp.explanation, highlight=False)
+    console.print(Text(printable(cmp.explanation)), highlight=False)
     for w in cmp.warnings:
-        err.print(f"[yellow]warning[/] {w}", highlight=False)
+        err.print("[yellow]warning[/] " + escape(printable(w)), highlight=False)

@@ -24,6 +24,7 @@ second otherwise).
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -155,7 +156,7 @@ def compare_series(control: Series, resumed: Series, *, resume_step: int, config
     out = Comparison("insufficient", int(resume_step), int(pre.sum()), int(post.sum()), tol, a.noise, pre_spread, None,
                      last_step=int(post_steps[-1]) if len(post_steps) else None)
     if len(pre_win) >= MIN_SPREAD_POINTS and abs(float(np.median(pre_win))) > tol:
-        out.warnings.append(f"the runs already differ before the resume (median KL ratio {math.exp(float(np.median(pre_win))):.3g}): "
+        out.warnings.append(f"the runs already differ before the resume (median KL ratio {log_ratio(float(np.median(pre_win))):.3g}): "
                             "are they the same config and seed?")
     d_post = a.gap[post]
     if len(d_post) < config.consecutive:
@@ -184,7 +185,7 @@ def _locate(out: Comparison, steps: np.ndarray, c: np.ndarray, r: np.ndarray, d:
 
 def _conclude(out: Comparison, config: CompareConfig, *, n_post: int) -> None:
     """The verdict and its explanation: a parting beyond the tolerance counts only when the test confirms it."""
-    tol_f = math.exp(out.tolerance)
+    tol_f = log_ratio(out.tolerance)
     p_txt = f"p={out.p_value:.2g}" if out.p_value is not None else "no two-sample test (too few steps before the resume)"
     if out.part_step is not None and (out.p_value is None or out.p_value < config.alpha):
         assert out.resumed_at is not None and out.control_at is not None and out.gap is not None
@@ -204,10 +205,17 @@ def _conclude(out: Comparison, config: CompareConfig, *, n_post: int) -> None:
 
 
 def _ratio(a: float, b: float) -> float | None:
-    """a / b, None when only b is zero (no finite ratio), 1 when both are (they agree)."""
+    """a / b, None when only b is zero (no finite ratio), 1 when both are (they agree); ``inf`` past
+    the float range (as Python floats, which overflow quietly where numpy's warn on stderr)."""
     if b == 0:
         return None if a != 0 else 1.0
-    return float(a / b)
+    return float(a) / float(b)
+
+
+def log_ratio(x: float) -> float:
+    """A gap in log units as a ratio, ``inf`` beyond what a float holds: KL values logged near 1e±300
+    make gaps of hundreds of log units, and ``math.exp`` raises on those instead of overflowing."""
+    return math.exp(x) if x < math.log(sys.float_info.max) else math.inf
 
 
 def fmt_ratio(x: float | None) -> str:
@@ -241,4 +249,4 @@ def compare_runs(control: LineageResult, resumed: LineageResult, *, resume_step:
     return cmp
 
 
-__all__ = ["CompareConfig", "Comparison", "compare_series", "compare_runs", "kl_series", "first_resume", "fmt_ratio"]
+__all__ = ["CompareConfig", "Comparison", "compare_series", "compare_runs", "kl_series", "first_resume", "fmt_ratio", "log_ratio"]

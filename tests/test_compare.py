@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from klwatch.cli import app
-from klwatch.comparison import CompareConfig, compare_runs, compare_series, first_resume, kl_series
+from klwatch.comparison import CompareConfig, compare_runs, compare_series, first_resume, kl_series, log_ratio
 from klwatch.model import Series
 from klwatch.pipeline import ScanConfig, scan
 from tb_runs import write_run
@@ -238,3 +238,40 @@ def test_control_in_tensorboard_resumed_in_mlflow(tb_runs, tmp_path_factory):
     buggy = klwatch("compare", control, f"{db}#resume-buggy.new-run", "-f", "json")
     assert buggy.exit_code == 1, buggy.stderr
     assert json.loads(buggy.stdout)["part_step"] == _boundary(manifest, "resume-buggy", "mlflow")
+
+
+# ------------------------------------------------------------------------- values at the float range
+
+
+def extreme_pair(folder: Path) -> tuple[Path, Path]:
+    """A control logging ~1e-300 and a resumed run jumping between 1e-300 and 1e300: gaps of hundreds
+    of log units, a tolerance whose ratio is past what a float holds."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, values in (("control", [1e-300] * 80), ("resumed", [1e300 if i % 2 else 1e-300 for i in range(80)])):
+        path = folder / f"{name}.csv"
+        path.write_text("step,train/kl_penalty\n" + "".join(f"{s},{v!r}\n" for s, v in enumerate(values, 1)))
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def test_kl_values_at_the_float_range_give_a_verdict_not_an_overflow(tmp_path):
+    control, resumed = extreme_pair(tmp_path)
+    c, r = (kl_series(scan([str(p)]).results[0]) for p in (control, resumed))
+    cmp = compare_series(c, r, resume_step=41)
+    assert cmp.verdict in ("agree", "parted") and cmp.explanation and cmp.max_ratio == float("inf")
+    assert log_ratio(1e6) == float("inf") and log_ratio(0.0) == pytest.approx(1.0)
+
+
+def test_the_json_verdict_is_valid_json_when_ratios_overflow(tmp_path):
+    control, resumed = extreme_pair(tmp_path)
+    res = klwatch("compare", control, resumed, "--from-step", "41", "--format", "json")
+    assert res.exit_code in (0, 1)
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} in the verdict")
+
+    doc = json.loads(res.stdout, parse_constant=refuse)
+    assert doc["tolerance_ratio"] is None and doc["max_ratio"] is None and doc["tolerance"] > 700
+    table = klwatch("compare", control, resumed, "--from-step", "41")
+    assert table.exit_code == res.exit_code and "xinf" in table.stdout
