@@ -249,4 +249,5 @@ def compare_runs(control: LineageResult, resumed: LineageResult, *, resume_step:
     return cmp
 
 
-__all__ = ["CompareConfig", "Comparison", "compare_series", "compare_runs", "kl_series", "first_resume", "fmt_ratio", "log_ratio"]
+__all__ = ["CompareConfig", "Comparison", "compare_series", "compare_runs", "kl_series", "first_resume", "fmt_ratio",
+           "log_ratio"]
