@@ -226,7 +226,7 @@ def why_unwritable(path: Path, exc: OSError) -> str:
     own reason (permission denied, read-only file system, no space left)."""
     if exc.errno == errno.EISDIR:
         return "it is a folder, not a file"
-    if exc.errno == errno.ENOTDIR:
+    if exc.errno in (errno.ENOTDIR, errno.EEXIST):  # EEXIST: making the folders met a file of that name
         blocker = next((p for p in Path(path).absolute().parents if p.exists() and not p.is_dir()), None)
         return f"{blocker} is a file, not a folder" if blocker else "a part of the path is not a folder"
     folder = Path(path).absolute().parent

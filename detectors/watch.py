@@ -32,7 +32,7 @@ from rich.markup import escape
 
 from .alert_store import AlertState, DeliveryConfig, Sink, StateLocked, deliver
 from .alerts import Alert, alert_from_verdict, redact_url, webhook_url_problem
-from .cli_common import ScanOptions, SourcesArg, err, with_scan_options
+from .cli_common import ScanOptions, SourcesArg, err, error_exit, why_unwritable, with_scan_options
 from .model import ScanResult
 from .pipeline import ScanConfig, scan
 from .read_cache import LocalReadCache, ReadStats
@@ -143,11 +143,11 @@ def _open_state(state_path: Path, sinks: list[Sink]) -> AlertState:
     try:
         state = AlertState(state_path)
     except StateLocked as exc:
-        err.print("[red]error[/] " + escape(f"{exc}"), highlight=False)
-        raise typer.Exit(EXIT_USAGE)
-    except (sqlite3.Error, OSError) as exc:
-        err.print("[red]error[/] " + escape(f"cannot use --state {state_path}: {exc}"), highlight=False)
-        raise typer.Exit(EXIT_USAGE)
+        error_exit(f"{exc}")
+    except OSError as exc:  # the same words as scan's and check's output paths
+        error_exit(f"cannot use --state {state_path}: {why_unwritable(state_path, exc)}")
+    except sqlite3.Error as exc:
+        error_exit(f"cannot use --state {state_path}: {exc}")
     dropped = state.abandon_unusable(now=time.time())
     if dropped:
         err.print(f"[yellow]warning[/] {dropped} alert delivery(ies) to a webhook URL that cannot be parsed dropped "

@@ -224,6 +224,7 @@ def test_a_state_path_that_cannot_be_created_is_a_usage_error(tmp_path):
     (tmp_path / "file").write_text("x")
     out = klwatch("watch", tmp_path / "runs", "--once", "--state", tmp_path / "file" / "s.db")
     assert out.returncode == 2 and "cannot use --state" in out.stderr and "Traceback" not in out.stderr
+    assert f"{tmp_path / 'file'} is a file, not a folder" in out.stderr.replace("\n", "")  # scan's and check's words
 
 
 def test_a_same_named_run_from_scratch_appearing_later_neither_renames_nor_re_alerts(tmp_path, receiver):
