@@ -16,10 +16,11 @@ import contextlib
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 GIB = 1 << 30
 
@@ -41,6 +42,11 @@ class LimitExceeded(Exception):
 
 class NotRegularFile(OSError):
     """A path that is not a regular file (a FIFO, a device, a socket): never opened for reading."""
+
+    def __init__(self, message: str, *, kind: str = "not a file") -> None:
+        super().__init__(message)
+        self.kind = kind
+        """What the path is instead ("a FIFO", "a character device", ...)."""
 
 
 class Budget:
@@ -89,6 +95,15 @@ def reading(budget: Budget) -> Iterator[Budget]:
         _current.reset(token)
 
 
+def path_kind(path: Path) -> str | None:
+    """What ``path`` is (following symlinks: "a regular file", "a FIFO", ...), or None when it cannot
+    be stat'ed (gone, a broken symlink). Never blocks."""
+    try:
+        return file_kind(os.stat(path).st_mode)
+    except OSError:
+        return None
+
+
 def is_regular_file(path: Path) -> bool:
     """True for a regular file (following symlinks): what klwatch may open. Never blocks."""
     try:
@@ -97,8 +112,9 @@ def is_regular_file(path: Path) -> bool:
         return False
 
 
-def read_regular(path: Path, *, budget: Budget | None = None, start: int = 0) -> bytes:
-    """The bytes of a regular file from ``start``, as long as it was when opened, charged to the budget.
+def read_regular(path: Path, *, budget: Budget | None = None, start: int = 0, length: int | None = None) -> bytes:
+    """The bytes of a regular file from ``start`` (at most ``length`` of them), as long as it was when
+    opened, charged to the budget.
 
     Opened without blocking and checked after opening, so a FIFO or a device swapped in under a name
     is refused rather than read (``NotRegularFile``); a file growing while read is read up to the size
@@ -109,8 +125,11 @@ def read_regular(path: Path, *, budget: Budget | None = None, start: int = 0) ->
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise NotRegularFile(f"{path}: not a regular file ({_kind(st.st_mode)}); skipped")
+            kind = file_kind(st.st_mode)
+            raise NotRegularFile(f"{path}: not a regular file ({kind}); skipped", kind=kind)
         size = max(0, st.st_size - start)
+        if length is not None:
+            size = min(size, max(0, length))
         budget.charge(size, str(path))
         chunks, left = [], size
         os.lseek(fd, start, os.SEEK_SET)
@@ -125,7 +144,10 @@ def read_regular(path: Path, *, budget: Budget | None = None, start: int = 0) ->
         os.close(fd)
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file of this ``st_mode`` is, in words ("a FIFO", "a socket", ...)."""
+    if stat.S_ISREG(mode):
+        return "a regular file"
     for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
         if test(mode):
@@ -133,16 +155,20 @@ def _kind(mode: int) -> str:
     return "not a file"
 
 
-def walk(root: Path) -> Iterator[tuple[Path, list[str], list[str]]]:
+def walk(root: Path, *, onerror: Callable[[OSError], None] | None = None
+         ) -> Iterator[tuple[Path, list[str], list[str]]]:
     """``os.walk`` without recursion (Python 3.11's recurses, and a tree ~1,000 levels deep overflows
-    the stack): top-down, sorted, symlinked folders not followed, unreadable folders skipped. The
-    caller may prune ``dirs`` in place, as with ``os.walk``."""
+    the stack): top-down, sorted, symlinked folders not followed (listed among the files), unreadable
+    folders skipped (given to ``onerror``, as ``os.walk`` does). The caller may prune ``dirs`` in
+    place, as with ``os.walk``."""
     stack = [root]
     while stack:
         top = stack.pop()
         try:
             entries = list(os.scandir(top))
-        except OSError:
+        except OSError as exc:
+            if onerror is not None:
+                onerror(exc)
             continue
         dirs, files = [], []
         for e in entries:
@@ -154,3 +180,28 @@ def walk(root: Path) -> Iterator[tuple[Path, list[str], list[str]]]:
         files.sort()
         yield top, dirs, files
         stack.extend(top / d for d in reversed(dirs))
+
+
+class YamlAliasRefused(ValueError):
+    """A YAML document that uses an alias (``*name``): refused, since nested aliases expand
+    exponentially (a "billion laughs" of a few hundred bytes needs gigabytes once walked)."""
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` of ``text``, refusing aliases (``YamlAliasRefused``, naming the line):
+    the files klwatch reads (MLflow ``meta.yaml``, NeMo-RL ``config.yaml``) are written without."""
+    import yaml
+
+    class NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise YamlAliasRefused(f"YAML alias *{event.anchor} at line {event.start_mark.line + 1}: "
+                                       "aliases are refused (they can expand without bound)")
+            return super().compose_node(parent, index)
+
+    loader = NoAliasLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
