@@ -15,8 +15,11 @@ warning. Rows keep their order: a rewind must stay visible.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import Segment, Series
+from .limits import read_regular
 from .local import NotALog, ReadError
 
 STEP_COLUMNS = ("step", "_step", "global_step", "train/global_step", "iteration")
@@ -56,26 +60,90 @@ def read_table(path: Path, *, ref: str, source: str) -> list[Segment]:
     path = Path(path)
     suffix = path.suffix.lower()
     warnings: list[str] = []
-    if suffix == ".csv":
-        columns, nrows = _read_csv(path)
-    elif suffix == ".jsonl":
-        columns, nrows = _read_jsonl(path, ref=ref, warnings=warnings)
-    elif suffix == ".parquet":
-        columns, nrows = _read_parquet(path)
-    else:
+    if suffix not in (".csv", ".jsonl", ".parquet"):
         raise ReadError(f"not a table: unknown suffix {path.suffix!r} (expected .csv, .jsonl, .parquet)")
+    data = read_regular(path)  # a FIFO or a device is refused, the bytes are charged to the SOURCE
+    if suffix == ".csv":
+        columns, nrows = _read_csv(_drop_torn_last_line(data, _torn_csv_row, ref=ref, warnings=warnings))
+    elif suffix == ".jsonl":
+        columns, nrows = _read_jsonl(_drop_torn_last_line(data, _torn_json_line, ref=ref, warnings=warnings))
+    else:
+        columns, nrows = _read_parquet(data)
     if nrows == 0:
         raise ReadError(f"empty table: no rows (columns: {_names(columns)})")
     return _segments(columns, nrows=nrows, path=path, ref=ref, source=source, warnings=warnings)
 
 
+# ----------------------------------------------------------------------------- a torn last line
+
+
+def _drop_torn_last_line(data: bytes, torn: Callable[[bytes, bytes], str | None], *, ref: str,
+                         warnings: list[str]) -> bytes:
+    """``data`` without its last line when that line has no newline after it and ``torn`` finds it
+    cut short (a writer killed mid-row): dropped with a warning naming file and line, never read as
+    if whole. A last line without a newline that is whole is kept."""
+    cut = data.rfind(b"\n") + 1
+    tail = data[cut:]
+    if not cut or not tail.strip():
+        return data  # ends in a newline, or a single line (a header alone): nothing torn
+    why = torn(data[:cut], tail)
+    if why is None:
+        return data
+    line = data.count(b"\n", 0, cut) + 1
+    warnings.append(f"{ref}: truncated last line {line} ({why}; no newline "
+                    "after it: crash mid-write?); dropped, the rows before it kept")
+    return data[:cut]
+
+
+def _torn_csv_row(body: bytes, tail: bytes) -> str | None:
+    """Why the CSV row ``tail`` is cut short: it does not decode or parse, has fewer fields than the
+    header, or its last cell is no number where the row above has one (``1.5e`` of ``1.5e-05``)."""
+    try:
+        text = tail.decode("utf-8").rstrip("\r")
+    except UnicodeDecodeError:
+        return "it ends inside a UTF-8 character"
+    lines = body.decode("utf-8", "replace").splitlines()
+    try:
+        row = next(csv.reader([text], strict=True))
+    except csv.Error:
+        return "an unclosed quote"
+    header = next(csv.reader([lines[0]]), [])
+    if len(row) < len(header):
+        return f"{len(row)} of {len(header)} fields"
+    above = next(csv.reader([lines[-1]]), []) if len(lines) > 1 else []
+    if row and above and _is_number(above[-1]) and row[-1].strip() and not _is_number(row[-1]):
+        return f"its last cell {row[-1]!r} is not a number"
+    return None
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def _torn_json_line(body: bytes, tail: bytes) -> str | None:
+    """Why the JSONL line ``tail`` is cut short: it does not decode, or is not whole JSON."""
+    try:
+        json.loads(tail.decode("utf-8"))
+    except UnicodeDecodeError:
+        return "it ends inside a UTF-8 character"
+    except ValueError:
+        return "not whole JSON"
+    except RecursionError:
+        return None  # whole, but nested too deeply: the reader says so
+    return None
+
+
 # ---------------------------------------------------------------------------------------- readers
 
 
-def _read_csv(path: Path) -> tuple[dict[str, _Column], int]:
+def _read_csv(data: bytes) -> tuple[dict[str, _Column], int]:
     """Every cell as text first, so an empty cell (missing) stays apart from a written ``nan``."""
     try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False)
+        df = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, na_filter=False)
     except pd.errors.EmptyDataError as exc:
         raise ReadError("empty table: the CSV file has no header and no rows") from exc
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
@@ -100,28 +168,25 @@ def _read_csv(path: Path) -> tuple[dict[str, _Column], int]:
     return columns, len(df)
 
 
-def _read_jsonl(path: Path, *, ref: str, warnings: list[str]) -> tuple[dict[str, _Column], int]:
+def _read_jsonl(data: bytes) -> tuple[dict[str, _Column], int]:
     """One JSON object per line; nested objects are flattened with ``.`` (``{"a": {"b": 1}}`` -> ``a.b``)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ReadError(f"not a readable JSONL table: {exc}") from exc
-    lines = text.splitlines()
     records: list[dict[str, Any]] = []
-    for i, line in enumerate(lines):
+    for i, line in enumerate(text.splitlines()):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
+            if not isinstance(obj, dict):
+                raise ReadError(f"line {i + 1} is a JSON {type(obj).__name__}, not an object")
+            records.append(_flatten(obj))
         except ValueError as exc:
-            if i == len(lines) - 1 and not text.endswith("\n"):
-                warnings.append(f"{ref}: truncated last line {i + 1} is not whole JSON (crash "
-                                f"mid-write?); kept {len(records)} rows")
-                break
             raise ReadError(f"line {i + 1} is not valid JSON: {exc}") from exc
-        if not isinstance(obj, dict):
-            raise ReadError(f"line {i + 1} is a JSON {type(obj).__name__}, not an object")
-        records.append(_flatten(obj))
+        except RecursionError as exc:
+            raise ReadError(f"line {i + 1} is JSON nested too deeply to read") from exc
     keys: dict[str, None] = {}
     for rec in records:
         keys.update(dict.fromkeys(rec))
@@ -151,12 +216,12 @@ def _flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _read_parquet(path: Path) -> tuple[dict[str, _Column], int]:
+def _read_parquet(data: bytes) -> tuple[dict[str, _Column], int]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path)
+        table = pq.read_table(pa.BufferReader(data))
     except (pa.ArrowException, OSError) as exc:
         raise ReadError(f"not a readable Parquet table: {exc}") from exc
     while any(pa.types.is_struct(t) for t in table.schema.types):

@@ -246,3 +246,53 @@ def test_discovery_reads_tables_and_isolates_a_bad_one(tmp_path: Path) -> None:
     (bad,) = [s for s in got.segments if s.error is not None]
     assert good.ref == "deep/er/good.parquet" and series_of(good) == {"kl": ([1, 2], [0.1, 0.2])}
     assert bad.error.startswith("bad.csv: no step column")
+
+
+# ------------------------------------------------------------------ a torn last row (issue 12)
+
+CSV_HEAD = "step,kl,reward\n1,0.1,1.0\n2,0.2,2.0\n"
+
+
+@pytest.mark.parametrize("tail, why", [
+    ("3,0.3", "2 of 3 fields"),
+    ('3,0.3,"ok', "an unclosed quote"),
+    ("3,0.3,1.5e", "its last cell '1.5e' is not a number"),
+])
+def test_a_torn_last_csv_row_is_dropped_with_a_warning_naming_file_and_line(tmp_path: Path, tail: str,
+                                                                           why: str) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(CSV_HEAD + tail)
+    (seg,) = read(path)
+    assert series_of(seg) == {"kl": ([1, 2], [0.1, 0.2]), "reward": ([1, 2], [1.0, 2.0])}
+    assert seg.warnings == [f"t.csv: truncated last line 4 ({why}; no newline after it: crash mid-write?); "
+                            "dropped, the rows before it kept"]
+
+
+@pytest.mark.parametrize("fmt, rows, last, line", [
+    ("csv", CSV_HEAD, "3,0.3,é", 4),
+    ("jsonl", '{"step": 1, "kl": 0.1}\n{"step": 2, "kl": 0.2}\n', '{"step": 3, "kl": 0.3, "note": "é', 3),
+])
+def test_a_last_row_cut_inside_a_utf8_character_is_dropped_not_the_whole_table(
+        tmp_path: Path, fmt: str, rows: str, last: str, line: int) -> None:
+    path = tmp_path / f"t.{fmt}"
+    path.write_bytes((rows + last).encode()[:-1])  # the last character's second byte never written
+    (seg,) = read(path)
+    assert series_of(seg)["kl"] == ([1, 2], [0.1, 0.2])
+    assert seg.warnings == [f"t.{fmt}: truncated last line {line} (it ends inside a UTF-8 character; no newline "
+                            "after it: crash mid-write?); dropped, the rows before it kept"]
+
+
+@pytest.mark.parametrize("fmt, text", [("csv", CSV_HEAD + "3,0.3,3.0"),
+                                       ("jsonl", '{"step": 1, "kl": 0.1}\n{"step": 3, "kl": 0.3}')])
+def test_a_whole_last_row_without_a_newline_is_kept(tmp_path: Path, fmt: str, text: str) -> None:
+    path = tmp_path / f"t.{fmt}"
+    path.write_text(text)
+    (seg,) = read(path)
+    assert seg.series["kl"].steps.tolist()[-1] == 3 and seg.warnings == []
+
+
+def test_a_jsonl_line_nested_too_deeply_is_an_error_naming_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"step": 1, "kl": 0.1}\n' + '{"a": ' * 100_000 + "1" + "}" * 100_000 + "\n")
+    with pytest.raises(ReadError, match="line 2 is JSON nested too deeply to read"):
+        read(path)
