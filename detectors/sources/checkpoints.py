@@ -26,6 +26,7 @@ import numpy as np
 import yaml
 
 from ..model import Segment, Series
+from .limits import NotRegularFile, YamlAliasRefused, load_yaml, read_regular
 from .local import ReadError
 
 LAYOUTS: list[tuple[str, re.Pattern[str]]] = [
@@ -49,15 +50,26 @@ def _layout(name: str) -> tuple[str, int] | None:
     return None
 
 
+def _read_text(path: Path, rel: str, warnings: list[str]) -> str | None:
+    """The file's text, or None: missing (no warning here), or not a regular file (a FIFO would
+    block, a device never end: never opened, a warning naming it)."""
+    try:
+        return read_regular(path).decode("utf-8")
+    except FileNotFoundError:
+        return None
+    except NotRegularFile as exc:
+        warnings.append(f"{rel}: not a regular file ({exc.kind}); skipped")
+        return None
+
+
 def _load_json(path: Path, rel: str, warnings: list[str]) -> Any:
     """The parsed file, or None with a warning naming it (missing files are not warned here)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        warnings.append(f"{rel}: cannot read JSON ({exc}); this checkpoint's details are skipped")
+        text = _read_text(path, rel, warnings)
+        return None if text is None else json.loads(text)
+    except (OSError, ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        why = "nested too deeply" if isinstance(exc, RecursionError) else exc
+        warnings.append(f"{rel}: cannot read JSON ({why}); this checkpoint's details are skipped")
         return None
 
 
@@ -187,15 +199,16 @@ def _read_nemo_rl(folder: Path, *, step: int, rel: str, info: dict[str, Any], go
         got.name = _name_in(doc) or got.name
     elif doc is not None:
         got.warnings.append(f"{rel}/training_info.json: not a JSON object; skipped")
-    cfg_file = folder / "config.yaml"
-    if cfg_file.is_file():
-        try:
-            cfg = yaml.safe_load(cfg_file.read_text(encoding="utf-8"))
-            if isinstance(cfg, dict):
-                got.config = cfg  # the newest checkpoint's config wins (checkpoints are read by step)
-                got.name = _nemo_config_name(cfg) or got.name
-        except (OSError, ValueError, yaml.YAMLError) as exc:
-            got.warnings.append(f"{rel}/config.yaml: cannot read YAML ({type(exc).__name__}); skipped")
+    try:
+        text = _read_text(folder / "config.yaml", f"{rel}/config.yaml", got.warnings)
+        cfg = None if text is None else load_yaml(text)
+        if isinstance(cfg, dict):
+            got.config = cfg  # the newest checkpoint's config wins (checkpoints are read by step)
+            got.name = _nemo_config_name(cfg) or got.name
+    except YamlAliasRefused as exc:
+        got.warnings.append(f"{rel}/config.yaml: {exc}; skipped")
+    except (OSError, ValueError, RecursionError, yaml.YAMLError) as exc:
+        got.warnings.append(f"{rel}/config.yaml: cannot read YAML ({type(exc).__name__}); skipped")
     return f
 
 
@@ -230,9 +243,13 @@ def _read_latest_markers(path: Path, *, prefix: str, meta: dict[str, Any], got: 
         if isinstance(status.get("last_checkpoint_step"), int):
             meta["latest_checkpoint_step"] = status["last_checkpoint_step"]
         got.name = _name_in(status) or got.name
-    latest_txt = path / VERL_LATEST
-    if latest_txt.is_file():
-        text = latest_txt.read_text(encoding="utf-8", errors="replace").strip()
+    try:
+        text = _read_text(path / VERL_LATEST, f"{prefix}{VERL_LATEST}", got.warnings)
+    except (OSError, ValueError) as exc:
+        got.warnings.append(f"{prefix}{VERL_LATEST}: cannot read it ({exc}); skipped")
+        text = None
+    if text is not None:
+        text = text.strip()
         if text.isdigit():
             meta["latest_checkpoint_step"] = int(text)
         else:

@@ -165,3 +165,29 @@ def test_discovery_finds_each_layout_as_one_checkpoints_segment(tmp_path: Path) 
     assert got == {"nemo/checkpoints": ("grpo-qwen-7b", [10, 20]), "trl": ("trl", [3]),
                    "verl/proj/exp1": ("exp1", [7])}
     assert not marker.exists()
+
+
+def test_a_yaml_alias_bomb_in_a_config_is_refused_with_a_warning_and_the_rest_is_read(tmp_path: Path) -> None:
+    """Nine levels of nine aliases: 9**9 strings once walked (GBs), a few hundred bytes on disk."""
+    marker = tmp_path / "UNPICKLED"
+    root = make_nemo_rl(tmp_path / "ckpts", marker, steps=[10, 20])
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    (root / "step_20" / "config.yaml").write_text("\n".join(lines) + "\n")
+
+    (seg,) = read_checkpoint_dir(root, ref="ckpts", source=str(tmp_path))
+
+    assert seg.checkpoint_steps == [10, 20]
+    assert seg.config["loss_fn"] == {"reference_policy_kl_penalty": 0.01}  # step_10's config, the newest readable
+    assert seg.warnings == ["ckpts/step_20/config.yaml: YAML alias *a0 at line 2: aliases are refused (they can "
+                            "expand without bound); skipped"]
+
+
+def test_json_nested_too_deeply_is_a_warning_naming_the_file(tmp_path: Path) -> None:
+    marker = tmp_path / "UNPICKLED"
+    root = make_nemo_rl(tmp_path / "ckpts", marker, steps=[10])
+    (root / "step_10" / "training_info.json").write_text("[" * 100_000 + "]" * 100_000)
+    (seg,) = read_checkpoint_dir(root, ref="ckpts", source=str(tmp_path))
+    assert seg.checkpoint_steps == [10]
+    assert seg.warnings == ["ckpts/step_10/training_info.json: cannot read JSON (nested too deeply); this "
+                            "checkpoint's details are skipped"]
