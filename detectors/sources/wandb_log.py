@@ -25,6 +25,7 @@ import json
 import struct
 import zlib
 from itertools import repeat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from ..model import Segment, Series
+from .limits import path_kind, read_regular
 from .local import ReadError
 
 FILE_HEADER = b":W&B" + struct.pack("<H", 0xBEE1)
@@ -121,8 +123,16 @@ def read_records(data: bytes, *, name: str) -> tuple[list[bytes], list[str]]:
     that began before it are skipped too), with a warning; when no later block exists there is no
     sound way on: ReadError.
     """
+    got = _unframe(data, name)
+    return got.out, got.warnings
+
+
+def _unframe(data: bytes, name: str) -> _Unframer:
+    """``read_records``, keeping where each record begins (``offsets``) for the messages."""
     _check_file_header(data)
-    return _Unframer(data, name).run()
+    got = _Unframer(data, name)
+    got.run()
+    return got
 
 
 def _check_file_header(data: bytes) -> None:
@@ -151,6 +161,8 @@ class _Unframer:
         self.name = name
         self.n = len(data)
         self.out: list[bytes] = []
+        self.offsets: list[int] = []
+        """The byte at which each record of ``out`` begins (its first chunk's header)."""
         self.warnings: list[str] = []
         self.parts: list[bytes] | None = None  # chunks of a FIRST..LAST record being assembled
         self.part_start = 0
@@ -185,7 +197,7 @@ class _Unframer:
         """The fast path: whole FULL chunks with a good CRC, as far as they go before ``limit``;
         where the first other chunk starts. This loop runs once per record of a long run, so it
         stays a tight loop over locals."""
-        data, append = self.data, self.out.append
+        data, append, at = self.data, self.out.append, self.offsets.append
         unpack, crc32, seed_full = _CHUNK_HEADER.unpack_from, zlib.crc32, CHUNK_SEEDS[FULL]
         count = len(self.out)
         while pos + CHUNK_HEADER <= limit:
@@ -197,6 +209,7 @@ class _Unframer:
             if crc32(payload, seed_full) != crc:
                 break
             append(payload)
+            at(pos)
             pos = end
         if len(self.out) > count:
             self.resyncing = False
@@ -234,6 +247,7 @@ class _Unframer:
             if ctype == FULL:
                 self.parts = None
                 self.out.append(payload)
+                self.offsets.append(pos)
             else:
                 self.parts, self.part_start = [payload], pos
         elif self.parts is None:
@@ -244,6 +258,7 @@ class _Unframer:
             self.parts.append(payload)
             if ctype == LAST:
                 self.out.append(b"".join(self.parts))
+                self.offsets.append(self.part_start)
                 self.parts = None
 
     def _cut_short(self, where: str) -> None:
@@ -272,35 +287,40 @@ class _Unframer:
         return next_block
 
 
-def parse_batch(records: list[bytes], *, name: str) -> tuple[Any, list[str]]:
-    """All records in one parse; records that do not decode (despite a good CRC) are dropped."""
-    batch, _, bad = _parse_joined(records, "Batch")
-    return batch, ([f"{name}: {bad} records with a good CRC could not be decoded; skipped"] if bad else [])
+def _bytes_at(offsets: list[int]) -> str:
+    """``byte 7`` / ``bytes 7, 93, ...``: where a few records begin, for a message."""
+    shown = ", ".join(map(str, offsets[:MAX_WARNINGS])) + (", ..." if len(offsets) > MAX_WARNINGS else "")
+    return f"byte{'s' if len(offsets) > 1 else ''} {shown}"
 
 
-def _decodable(messages: list[bytes], schema: str) -> tuple[list[bytes], int]:
-    """The messages that parse, and how many did not (after a batch of them failed to parse)."""
-    good = []
-    for m in messages:
+def _undecodable(messages: list[bytes], schema: str) -> list[int]:
+    """The positions of the messages that do not parse alone (after a batch of them failed to parse)."""
+    bad = []
+    for i, m in enumerate(messages):
         try:
             _msg(schema).FromString(m)
-            good.append(m)
         except DecodeError:
-            pass
-    return good, len(messages) - len(good)
+            bad.append(i)
+    return bad
 
 
-def _parse_joined(messages: list[bytes], schema: str, *, sep: bytes = b"") -> tuple[Any, list[bytes], int]:
+def _parse_joined(messages: list[bytes], schema: str, *, sep: bytes = b"",
+                  strict: bool = False) -> tuple[Any, list[bytes], list[int]]:
     """``messages`` joined (with ``sep`` before each) and parsed as one ``schema`` message; those that
-    do not parse alone (a good CRC over bad bytes) are dropped: (message, kept, dropped)."""
+    do not parse alone (a good CRC over bad bytes) are dropped: (message, kept, positions dropped).
+    ``strict``: a message that does not parse is a DecodeError instead."""
     out = _msg(schema)()
     try:
         out.ParseFromString(sep + sep.join(messages) if sep else b"".join(messages))
-        return out, messages, 0
+        return out, messages, []
     except DecodeError:
-        kept, dropped = _decodable(messages, schema)
+        if strict:
+            raise
+        bad = _undecodable(messages, schema)
+        skip = set(bad)
+        kept = [m for i, m in enumerate(messages) if i not in skip]
         out.ParseFromString(sep + sep.join(kept) if sep else b"".join(kept))
-        return out, kept, dropped
+        return out, kept, bad
 
 
 # -- items --------------------------------------------------------------------------------------
@@ -350,17 +370,28 @@ def _slow_item(raw: bytes, *, typed: bool) -> tuple[str | None, Any]:
         item = _msg("Item").FromString(raw)
     except DecodeError:
         return None, None
-    key = ".".join(item.nested_key) or item.key or None
+    key = ".".join(map(_text, item.nested_key)) or _text(item.key) or None
     if item.HasField("value_json"):
-        return key, item.value_json.encode()
+        return key, _utf8(item.value_json)
     if typed:  # history items may carry typed values instead of value_json: as JSON text too
         if item.HasField("number"):
             return key, json.dumps(item.number).encode()
         if item.HasField("integer"):
             return key, str(item.integer).encode()
         if item.HasField("json"):
-            return key, item.json.encode()
+            return key, _utf8(item.json)
     return key, None
+
+
+def _text(value: str | bytes) -> str:
+    """A string field as text: protobuf gives bytes for a (proto2) string that is not valid UTF-8,
+    which a damaged record with a good CRC can hold."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _utf8(value: str | bytes) -> bytes:
+    """A string field as UTF-8 bytes (it may come as bytes already: see ``_text``)."""
+    return value if isinstance(value, bytes) else value.encode()
 
 
 def _encode_varint(n: int) -> bytes:
@@ -507,15 +538,16 @@ def json_floats(arr: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.nd
 # -- history, summary ---------------------------------------------------------------------------
 
 
-def read_history(rows: list[bytes]) -> tuple[dict[str, Series], list[str]]:
-    """History records (``HistoryRecord`` bytes, in logged order) -> one Series per numeric key."""
+def read_history(rows: list[bytes], *, strict: bool = False) -> tuple[dict[str, Series], list[str]]:
+    """History records (``HistoryRecord`` bytes, in logged order) -> one Series per numeric key.
+    Records that do not decode are dropped with a warning (``strict``: a DecodeError)."""
     warnings: list[str] = []
     nrows = len(rows)
     if not nrows:
         return {}, warnings
-    listing, rows, dropped = _parse_joined(rows, "ItemList", sep=ROW_MARK)
+    listing, rows, dropped = _parse_joined(rows, "ItemList", sep=ROW_MARK, strict=strict)
     if dropped:
-        warnings.append(f"{dropped} history records with a good CRC could not be decoded; skipped")
+        warnings.append(f"{len(dropped)} history records with a good CRC could not be decoded; skipped")
         nrows = len(rows)
     raws = list(listing.item)
     del listing
@@ -544,8 +576,7 @@ def read_history(rows: list[bytes]) -> tuple[dict[str, Series], list[str]]:
         prev = -1.0
         for r in range(nrows):
             if missing[r]:
-                h = _msg("HistoryStep").FromString(rows[r])
-                step_col[r] = h.step.num if h.HasField("step") and h.step.num else prev + 1
+                step_col[r] = _record_step(rows[r]) or prev + 1
             prev = step_col[r]
         warnings.append(f"{int(missing.sum())} history rows have no _step; numbered from their neighbours")
     steps = step_col.astype(np.int64)
@@ -556,6 +587,15 @@ def read_history(rows: list[bytes]) -> tuple[dict[str, Series], list[str]]:
         wall = time_col[r]
         series[key] = Series(steps[r], f, None if np.isnan(wall).all() else wall)
     return series, warnings
+
+
+def _record_step(row: bytes) -> int | None:
+    """The step a history record carries beside its items, if any (and if it decodes)."""
+    try:
+        h = _msg("HistoryStep").FromString(row)
+    except DecodeError:
+        return None
+    return h.step.num if h.HasField("step") and h.step.num else None
 
 
 def _fold(raws: list[bytes]) -> dict[str, Any]:
@@ -584,20 +624,20 @@ def _fold(raws: list[bytes]) -> dict[str, Any]:
     return {k: v for k, (_, v) in found.items()}
 
 
-def read_summary(records: list[bytes]) -> dict[str, Any]:
+def read_summary(records: list[bytes], *, strict: bool = False) -> dict[str, Any]:
     """The run summary after every update and removal (``SummaryRecord`` bytes, in order), nested
-    keys joined with '.'.
+    keys joined with '.'. Records that do not decode are left out (``strict``: a DecodeError).
 
     Only the last copy of a record that repeats byte for byte can matter (every key it sets or
     removes is set or removed again by the later copy), so repeats (wandb-core's runtime updates)
     are dropped first. Concatenated, the records parse as one ``Summary`` whose updates are in order.
     """
-    merged, distinct, _ = _parse_joined(list(dict.fromkeys(reversed(records)))[::-1], "Summary")
+    merged, distinct, _ = _parse_joined(list(dict.fromkeys(reversed(records)))[::-1], "Summary", strict=strict)
     final: dict[str, Any] = {}
     if not len(merged.remove):  # the usual case: the last update of a key wins
         final = _fold(list(merged.update))
     else:  # a key was removed somewhere: replay record by record
-        for rec in map(_msg("Summary").FromString, distinct):
+        for rec in _each_decoded(distinct, "Summary", strict=strict):
             final.update(_fold(list(rec.update)))
             for k in _fold(list(rec.remove)):
                 final.pop(k, None)
@@ -607,9 +647,21 @@ def read_summary(records: list[bytes]) -> dict[str, Any]:
             continue
         try:
             out[k] = json.loads(v) if isinstance(v, bytes) else v
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
     return out
+
+
+def _each_decoded(messages: list[bytes], schema: str, *, strict: bool = False) -> Iterator[Any]:
+    """Each message that decodes alone, in order (one may parse only joined to its neighbour);
+    ``strict``: one that does not is a DecodeError."""
+    parse = _msg(schema).FromString
+    for m in messages:
+        try:
+            yield parse(m)
+        except DecodeError:
+            if strict:
+                raise
 
 
 # -- config -------------------------------------------------------------------------------------
@@ -625,11 +677,11 @@ def _unwrap(value: Any) -> Any:
 def apply_config(config: dict[str, Any], record: Any, internal: dict[str, Any]) -> None:
     """Apply a config update (updates, then removals) to a nested dict; ``_wandb`` goes to ``internal``."""
     for item in record.update:
-        path = list(item.nested_key) or [item.key]
+        path = [_text(k) for k in item.nested_key] or [_text(item.key)]
         try:
             value = _unwrap(json.loads(item.value_json))
-        except ValueError:
-            value = item.value_json
+        except (ValueError, RecursionError):
+            value = _text(item.value_json)
         if path[0] == "_wandb":
             if isinstance(value, dict):
                 internal.update(value)
@@ -642,7 +694,7 @@ def apply_config(config: dict[str, Any], record: Any, internal: dict[str, Any]) 
             node = nxt
         node[path[-1]] = value
     for item in record.remove:
-        path = list(item.nested_key) or [item.key]
+        path = [_text(k) for k in item.nested_key] or [_text(item.key)]
         node = config
         for p in path[:-1]:
             nxt = node.get(p)
@@ -654,29 +706,135 @@ def apply_config(config: dict[str, Any], record: Any, internal: dict[str, Any]) 
 
 
 def _log_file(path: Path) -> tuple[Path, list[str]]:
-    logs = sorted(p for p in path.iterdir() if p.suffix == ".wandb" and p.is_file())
+    """The run folder's log (``run-<id>.wandb``, else the first ``.wandb``), and warnings for the other
+    ``.wandb`` files and for those that are not regular files (never opened: a FIFO would block)."""
+    warnings: list[str] = []
+    logs = []
+    for p in sorted(path.iterdir()):
+        if p.suffix != ".wandb":
+            continue
+        kind = path_kind(p)
+        if kind == "a regular file":
+            logs.append(p)
+        elif kind is not None:
+            warnings.append(f"{path.name}/{p.name}: not a regular file ({kind}); skipped")
     if not logs:
-        raise ReadError("no .wandb log in the run folder")
+        raise ReadError("no .wandb log in the run folder" + (f" ({warnings[0]})" if warnings else ""))
     run_id = path.name.rsplit("-", 1)[-1]
     chosen = next((p for p in logs if p.name == f"run-{run_id}.wandb"), logs[0])
     others = [p.name for p in logs if p != chosen]
-    return chosen, ([f"{path.name} also holds {', '.join(others)}; read {chosen.name} only"] if others else [])
+    if others:
+        warnings.append(f"{path.name} also holds {', '.join(others)}; read {chosen.name} only")
+    return chosen, warnings
+
+
+_DAMAGE = (DecodeError, TypeError, ValueError, IndexError, KeyError, AttributeError, OverflowError,
+           RecursionError)
+"""What decoding a record that has a good CRC but damaged contents can raise (a fuzzed file does)."""
 
 
 def read_wandb_run_dir(path: Path, *, ref: str, source: str) -> list[Segment]:
     """One W&B run folder (``run-*``/``offline-run-*``) -> one Segment, everything from its log.
 
     Each process that logged (a first launch, a resume reusing the run id, a rewind, a fork) has
-    its own folder, so each folder is a Segment of its own; stitching joins them later.
+    its own folder, so each folder is a Segment of its own; stitching joins them later. Records with
+    a good CRC whose contents cannot be decoded cost themselves only (``_read_damaged``).
     """
     path = Path(path)
     log, warnings = _log_file(path)
     batch, size = _parse_log(log, warnings)
-    series, hist_warnings = read_history(list(batch.history))
+    if batch is not None:
+        try:
+            return [_run_segment(batch, path=path, log=log, size=size, ref=ref, source=source,
+                                 warnings=warnings, strict=True)]
+        except _DAMAGE:
+            pass
+    return [_read_damaged(path, log=log, size=size, ref=ref, source=source, warnings=warnings)]
+
+
+def _parse_log(log: Path, warnings: list[str]) -> tuple[Any, int]:
+    """The log's records parsed as one batch (None when they do not parse), and the file's size. A
+    function of its own so that the file's bytes and the raw records are freed on return: the peak
+    memory stays near a few times the file, not more."""
+    data = read_regular(log)  # a FIFO or a device is refused, the bytes are charged to the SOURCE
+    framed = _unframe(data, log.name)
+    warnings += framed.warnings
+    size = len(data)
+    del data
+    try:
+        return _msg("Batch").FromString(b"".join(framed.out)), size
+    except DecodeError:
+        return None, size
+
+
+def _read_damaged(path: Path, *, log: Path, size: int, ref: str, source: str, warnings: list[str]) -> Segment:
+    """A log holding records with a good CRC whose contents cannot be decoded (a fuzzed or damaged
+    file): read again, those records are found, left out with one warning naming where they
+    begin, and the rest is read. Rare, so the cost of reading twice is paid only here."""
+    framed = _unframe(read_regular(log), log.name)  # its framing warnings were given the first time
+    records = framed.out
+    bad = _undecodable_records(records, path=path, log=log)
+    if bad:
+        warnings = [*warnings, f"{log.name}: {len(bad)} record{'s' if len(bad) > 1 else ''} with a good CRC "
+                    f"could not be decoded (at {_bytes_at([framed.offsets[i] for i, _ in bad])}; the first: "
+                    f"{_damage(bad[0][1])}); skipped, the other {len(records) - len(bad)} records read"]
+        skip = {i for i, _ in bad}
+        records = [r for i, r in enumerate(records) if i not in skip]
+    try:
+        batch = _msg("Batch").FromString(b"".join(records))
+        return _run_segment(batch, path=path, log=log, size=size, ref=ref, source=source, warnings=warnings)
+    except _DAMAGE as exc:  # every record decodes, but not all of them together
+        raise ReadError(f"{log.name}: records with a good CRC hold data that cannot be decoded together "
+                        f"({_damage(exc)}); the run cannot be read") from exc
+
+
+def _damage(exc: BaseException) -> str:
+    """What went wrong decoding a damaged record, for a message that already says where."""
+    return str(exc) if isinstance(exc, DecodeError) else f"{type(exc).__name__}: {exc}"
+
+
+def _undecodable_records(records: list[bytes], *, path: Path, log: Path) -> list[tuple[int, BaseException]]:
+    """The records (position, why) that cannot be decoded, found by halves: a half that decodes is
+    done, one that does not is halved again, down to single records; k bad records cost about
+    k * log2(n) tries of shrinking slices rather than n tries."""
+    bad: list[tuple[int, BaseException]] = []
+    mid = len(records) // 2  # the whole is known not to decode: start from its halves
+    todo = [(mid, len(records)), (0, mid)] if len(records) > 1 else [(0, len(records))]
+    while todo:
+        lo, hi = todo.pop()
+        why = _decode_problem(records[lo:hi], path=path, log=log)
+        if why is None:
+            continue
+        if hi - lo == 1:
+            bad.append((lo, why))
+            continue
+        mid = (lo + hi) // 2
+        todo += [(mid, hi), (lo, mid)]  # the first half first: ``bad`` comes out in file order
+    return bad
+
+
+def _decode_problem(records: list[bytes], *, path: Path, log: Path) -> BaseException | None:
+    """Why ``records`` cannot be decoded as one run, strictly (no record dropped), or None."""
+    if not records:
+        return None
+    try:
+        batch = _msg("Batch").FromString(b"".join(records))
+        _run_segment(batch, path=path, log=log, size=0, ref="", source="", warnings=[], strict=True)
+    except _DAMAGE as exc:
+        return exc
+    return None
+
+
+def _run_segment(batch: Any, *, path: Path, log: Path, size: int, ref: str, source: str,
+                 warnings: list[str], strict: bool = False) -> Segment:
+    """The Segment the decoded records make (``warnings`` are copied, not added to). ``strict``: a
+    record part that does not decode is a DecodeError rather than a warning."""
+    warnings = list(warnings)
+    series, hist_warnings = read_history(list(batch.history), strict=strict)
     warnings += [f"{log.name}: {w}" for w in hist_warnings]
     run, config, internal = _run_and_config(batch)
     meta: dict[str, Any] = {"log": log.name, "log_bytes": size, "history_rows": len(batch.history),
-                            "summary": read_summary(list(batch.summary))}
+                            "summary": read_summary(list(batch.summary), strict=strict)}
     if len(batch.exit):
         meta["exit_code"] = batch.exit[-1].exit_code
     if len(batch.preempting):
@@ -687,25 +845,11 @@ def read_wandb_run_dir(path: Path, *, ref: str, source: str) -> list[Segment]:
     if run is None:
         warnings.append(f"{log.name} has no run record (cut short at the start?): run id taken from "
                         "the folder name")
-        return [seg]
+        return seg
     _apply_run_record(seg, run, meta)
     if internal:
         meta["wandb"] = internal
-    return [seg]
-
-
-def _parse_log(log: Path, warnings: list[str]) -> tuple[Any, int]:
-    """The log's records parsed as one batch, and the file's size. A function of its own so that the
-    file's bytes and the raw records are freed on return: the peak memory stays near a few times the
-    file, not more."""
-    data = log.read_bytes()
-    records, frame_warnings = read_records(data, name=log.name)
-    warnings += frame_warnings
-    size = len(data)
-    del data
-    batch, batch_warnings = parse_batch(records, name=log.name)
-    warnings += batch_warnings
-    return batch, size
+    return seg
 
 
 def _run_and_config(batch: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
@@ -727,21 +871,23 @@ def _run_and_config(batch: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
 def _apply_run_record(seg: Segment, run: Any, meta: dict[str, Any]) -> None:
     """What the run record says about the run: its id, names, start, and how it began (a resume, a
     rewind or a fork of another run)."""
-    seg.run_id = run.run_id or seg.run_id
-    seg.name = run.display_name or None
-    seg.group = run.run_group or None
-    seg.tags = {t: "" for t in run.tags}
+    seg.run_id = _text(run.run_id) or seg.run_id
+    seg.name = _text(run.display_name) or None
+    seg.group = _text(run.run_group) or None
+    tags = [_text(t) for t in run.tags]
+    seg.tags = {t: "" for t in tags}
     if run.HasField("start_time"):
         seg.start_time = run.start_time.seconds + run.start_time.nanos / 1e9
-    meta.update(entity=run.entity or None, project=run.project or None, job_type=run.job_type or None,
-                tags=list(run.tags), resumed=bool(run.resumed or run.resume))
+    meta.update(entity=_text(run.entity) or None, project=_text(run.project) or None,
+                job_type=_text(run.job_type) or None, tags=tags, resumed=bool(run.resumed or run.resume))
     if run.starting_step:
         meta["starting_step"] = run.starting_step
     if run.runtime:
         meta["prior_runtime"] = run.runtime
     if run.HasField("branch_point") and run.branch_point.run:
         bp = run.branch_point
-        meta["branch_point"] = {"run": bp.run, "value": bp.value, "metric": bp.metric or "_step"}
-        meta["forked"] = bool(run.forked) or bp.run != seg.run_id  # a fork branches off another run
-        if (bp.metric or "_step") == "_step":
+        bp_run, metric = _text(bp.run), _text(bp.metric) or "_step"
+        meta["branch_point"] = {"run": bp_run, "value": bp.value, "metric": metric}
+        meta["forked"] = bool(run.forked) or bp_run != seg.run_id  # a fork branches off another run
+        if metric == "_step" and abs(bp.value) < 2.0 ** 62:  # a finite step (a damaged record may hold any double)
             seg.resumed_from_step = int(bp.value)

@@ -405,3 +405,49 @@ def test_undecodable_record_with_a_good_crc_is_skipped_with_a_warning(tmp_path: 
     seg = read(folder)
     assert seg.series["kl"].values.tolist() == [0.0, 0.5, 1.0]
     assert any("could not be decoded" in w for w in seg.warnings), seg.warnings
+
+
+def _ld(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field, by hand: damaged records cannot be made by wandb's classes."""
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while n >= 0x80:
+            out.append(n & 0x7F | 0x80)
+            n >>= 7
+        return bytes(out + bytes([n]))
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def test_records_with_a_good_crc_but_damaged_contents_cost_only_themselves_named_by_byte(tmp_path: Path) -> None:
+    """What fuzzing found: contents that decode as protobuf but break the reader further on (a key
+    that is not UTF-8, a history step that is not a message, summary bytes that parse only joined to
+    the next record). Each once dropped the whole run with a bare TypeError / DecodeError."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    def row(step: int) -> bytes:
+        h = pb.HistoryRecord()
+        h.item.add(nested_key=["_step"], value_json=str(step))
+        h.item.add(nested_key=["kl"], value_json=str(0.5 * step))
+        return pb.Record(history=h).SerializeToString()
+
+    not_utf8_key = _ld(2, _ld(1, _ld(2, b"k\xff") + b"\x31" + struct.pack("<d", 1.5)))  # typed value, bad key
+    summary_not_utf8 = _ld(3, _ld(1, _ld(1, b"\xfe") + _ld(8, b"1")))
+    bad_step = _ld(2, _ld(1, _ld(2, b"kl") + _ld(16, b"9")) + _ld(2, b"\xff\xff"))
+    half_summary = _ld(3, b"\x0a\x05abc")  # claims 5 bytes, has 3: parses only joined to the next one
+    rest_of_it = _ld(3, b"de\x12\x03\x0a\x01x")  # ... and a removal, so the summary is replayed
+    records = [pb.Record(run=pb.RunRecord(run_id="bad2")).SerializeToString(), row(0), not_utf8_key, row(1),
+               summary_not_utf8, bad_step, row(2), half_summary, rest_of_it, row(3)]
+    folder = tmp_path / "run-20260101_000000-bad2"
+    folder.mkdir()
+    (folder / "run-bad2.wandb").write_bytes(frame_wandb_log(records))
+
+    out = read_local(str(folder))
+    [seg] = out.segments
+    assert seg.error is None and out.errors == [] and seg.run_id == "bad2"
+    assert seg.series["kl"].steps.tolist() == [0, 1, 2, 2, 3]  # the bad step's row numbered from the row before
+    assert seg.series["kl"].values.tolist() == [0.0, 0.5, 9.0, 1.0, 1.5]
+    assert seg.series["k\ufffd"].values.tolist() == [1.5]  # a key that is not UTF-8: read, its byte replaced
+    assert "run-bad2.wandb: 2 history rows have no _step; numbered from their neighbours" in seg.warnings
+    dropped = [w for w in seg.warnings if "could not be decoded" in w]
+    assert len(dropped) == 1 and dropped[0].startswith("run-bad2.wandb: 2 records with a good CRC could not be "
+                                                       "decoded (at bytes ")
