@@ -19,9 +19,13 @@ from pathlib import Path
 from typing import Protocol
 
 from ..model import Segment, SegmentKind, SourceError, SourceRead
+from .limits import LimitExceeded, NotRegularFile, current_budget, is_regular_file, path_kind, read_regular, walk
 
 TABLE_SUFFIXES = {".csv", ".jsonl", ".parquet"}
+INPUT_SUFFIXES = TABLE_SUFFIXES | {".db", ".wandb"}
+"""Files a reader would open (besides event files): one that is not a regular file is skipped aloud."""
 CHECKPOINT_DIR = re.compile(r"^(step_\d+|checkpoint-\d+|global_step_\d+)$")
+WANDB_RUN_DIR = re.compile(r"^(offline-)?run-\d{8}_\d{6}-[0-9A-Za-z]+$")
 SKIP_DIRS = {".git", "__pycache__", ".venv", "node_modules", ".ipynb_checkpoints"}
 
 
@@ -39,9 +43,15 @@ def is_wandb_run_dir(path: Path) -> bool:
     if not (name.startswith("run-") or name.startswith("offline-run-")):
         return False
     try:
-        return any(p.suffix == ".wandb" for p in path.iterdir() if p.is_file())
+        return any(p.suffix == ".wandb" and is_regular_file(p) for p in path.iterdir())
     except OSError:
         return False
+
+
+def looks_like_wandb_run_dir(path: Path) -> bool:
+    """Named as wandb names a run folder (``[offline-]run-<date>_<time>-<id>``): one without a
+    ``.wandb`` log is worth a word, where any other ``run-*`` folder (TensorBoard's) is not."""
+    return WANDB_RUN_DIR.match(path.name) is not None
 
 
 def is_mlruns_dir(path: Path) -> bool:
@@ -58,19 +68,24 @@ def is_mlruns_dir(path: Path) -> bool:
 
 
 def is_mlflow_sqlite(path: Path) -> bool:
+    """A ``.db`` that is an SQLite file holding MLflow's tables, or one that cannot be told apart (let
+    the MLflow reader say why, naming it). Looked at as an immutable file: nothing is created beside
+    it (no ``-wal``/``-shm``) and nothing is touched."""
     if path.suffix != ".db":
         return False
     try:
-        with open(path, "rb") as fh:
-            if fh.read(16) != b"SQLite format 3\x00":
-                return False
-        uri = f"file:{path}?mode=ro"
-        con = sqlite3.connect(uri, uri=True, timeout=0.2)
+        if read_regular(path, length=16) != b"SQLite format 3\x00":
+            return False
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True, timeout=0.2)
         try:
             names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         finally:
             con.close()
-        return {"metrics", "runs", "experiments"} <= names
+        # one of MLflow's tables is enough (a store missing another is the reader's error to name); tables
+        # still only in the write-ahead log are invisible to an immutable read: the reader decides
+        return bool(names & {"metrics", "runs", "experiments"}) or path.with_name(path.name + "-wal").exists()
+    except NotRegularFile:
+        return False
     except (OSError, sqlite3.Error):
         return True  # a .db we cannot open: let the MLflow reader report why, naming the file
 
@@ -121,49 +136,86 @@ _READERS: dict[str, tuple[SegmentKind, str, str]] = {
 }
 
 
-def discover(root: Path, *, spec: str) -> tuple[list[Unit], list[SourceError]]:
+def is_input_name(name: str) -> bool:
+    """Named like something a reader opens (an event file, a table, a store, a W&B log)."""
+    if name.startswith("events.out.tfevents"):
+        return not name.endswith(".profile-empty")
+    return os.path.splitext(name)[1] in INPUT_SUFFIXES
+
+
+def discover(root: Path, *, spec: str, warnings: list[str] | None = None) -> tuple[list[Unit], list[SourceError]]:
     """Every readable unit under ``root`` (a file or folder), in the order ``read_local`` reads them,
-    and the folders that could not be listed."""
+    and the folders that could not be listed. What was skipped on the way (a FIFO or a device named
+    like an input, a W&B run folder without its log) is added to ``warnings``.
+
+    The tree is walked without recursion, so any depth is read; the SOURCE's time bound is checked
+    at every folder."""
     errors: list[SourceError] = []
+    warnings = [] if warnings is None else warnings
     found: dict[str, set[Path]] = {name: set() for name in _READERS}
+    budget = current_budget()
+    base = root if root.is_dir() else root.parent
 
     def visit_file(p: Path) -> None:
         name = p.name
-        if name.startswith("events.out.tfevents") and not name.endswith(".profile-empty"):
+        if not is_input_name(name):
+            return
+        kind = path_kind(p)
+        if kind is not None and kind != "a regular file":  # never opened: a FIFO would block, /dev/zero never ends
+            warnings.append(f"{_rel(p, base, spec)}: not a regular file ({kind}); skipped")
+        elif name.startswith("events.out.tfevents"):
             found["tensorboard"].add(p)
         elif p.suffix in TABLE_SUFFIXES:
             found["table"].add(p)
         elif p.suffix == ".db" and is_mlflow_sqlite(p):
             found["mlflow-sqlite"].add(p)
 
-    if root.is_file():
+    if not root.is_dir():
         visit_file(root)
-    else:
-        for dirpath, dirnames, filenames in os.walk(root, onerror=lambda e: errors.append(
+        return _units(found), errors
+    for dirpath, dirnames, filenames in walk(root, onerror=lambda e: errors.append(
             SourceError(spec, f"cannot list {e.filename}: {e.strerror}", ref=str(e.filename)))):
-            d = Path(dirpath)
-            if is_wandb_run_dir(d):
-                found["wandb"].add(d)
-                dirnames[:] = []  # a run folder's files/ may hold anything; it is one segment
-                continue
-            if is_mlruns_dir(d):
-                found["mlruns"].add(d)
-                dirnames[:] = []
-                continue
-            if CHECKPOINT_DIR.match(d.name):
-                found["checkpoints"].add(d.parent)
-                dirnames[:] = []  # never descend into model weights
-                continue
-            dirnames[:] = sorted(n for n in dirnames if n not in SKIP_DIRS)
-            for f in sorted(filenames):
-                visit_file(d / f)
+        budget.check_time(str(dirpath))
+        unit = _folder_unit(dirpath)
+        if unit is None and looks_like_wandb_run_dir(dirpath) and not any(
+                n.endswith(".wandb") for n in dirnames + filenames):
+            message = (f"{_rel(dirpath, base, spec)}: a W&B run folder with no .wandb log (deleted, or the "
+                       "run never started logging); nothing read from it")
+            if dirpath == root:
+                errors.append(SourceError(spec, message, ref=str(dirpath)))
+            else:
+                warnings.append(message)
+        if unit is not None:
+            found[unit].add(dirpath.parent if unit == "checkpoints" else dirpath)
+            dirnames[:] = []  # a run folder, a store, model weights: one unit, never walked into
+            continue
+        dirnames[:] = sorted(n for n in dirnames if n not in SKIP_DIRS)
+        for f in filenames:
+            visit_file(dirpath / f)
+    return _units(found), errors
 
+
+def _folder_unit(d: Path) -> str | None:
+    """The unit a folder is as a whole (``wandb``, ``mlruns``, ``checkpoints`` for its parent), or
+    None when it is walked into."""
+    if is_wandb_run_dir(d):
+        return "wandb"
+    if is_mlruns_dir(d):
+        return "mlruns"
+    if CHECKPOINT_DIR.match(d.name):
+        return "checkpoints"
+    return None
+
+
+def _units(found: dict[str, set[Path]]) -> list[Unit]:
+    """The units found, by reader (in reading order) then by path; a reader is imported only when
+    the tree holds something for it."""
     units: list[Unit] = []
     for name, (kind, module, func) in _READERS.items():
-        if found[name]:  # a reader is imported only when the tree holds something for it
+        if found[name]:
             reader = getattr(importlib.import_module(f".{module}", __package__), func)
             units += [Unit(kind, p, reader) for p in sorted(found[name])]
-    return units, errors
+    return units
 
 
 def read_unit(unit: Unit, *, root: Path, spec: str) -> UnitRead:
@@ -173,6 +225,8 @@ def read_unit(unit: Unit, *, root: Path, spec: str) -> UnitRead:
     ref = _rel(path, root if root.is_dir() else root.parent, spec)
     try:
         segs = unit.reader(path, ref=ref, source=spec)
+    except LimitExceeded:
+        raise  # the SOURCE's bound, not this file's fault: read_local stops the SOURCE there
     except NotALog as exc:
         if path != root:
             return UnitRead([], [f"{ref}: skipped, {exc}"], skipped=True)
@@ -192,20 +246,28 @@ def read_local(spec: str, *, read_unit: ReadUnit = read_unit) -> SourceRead:
     """Read every run a local file or folder holds.
 
     ``read_unit`` reads one discovered unit; the watcher passes one that serves unchanged units from
-    its cache, so both read a tree the same way."""
+    its cache, so both read a tree the same way. When the SOURCE's read bound is passed, reading
+    stops there with one error naming the bound and its flag; what was read before it is kept."""
     root = Path(spec).expanduser()
     out = SourceRead(spec=spec)
-    if not root.exists():
-        out.errors.append(SourceError(spec, f"no such file or folder: {spec}"))
+    problem = _root_problem(root, spec)
+    if problem is not None:
+        out.errors.append(SourceError(spec, problem))
         return out
-    if not os.access(root, os.R_OK):
-        out.errors.append(SourceError(spec, f"permission denied: {spec}"))
+    try:
+        units, errors = discover(root, spec=spec, warnings=out.warnings)
+    except LimitExceeded as exc:
+        out.errors.append(SourceError(spec, f"{exc}; stopped while looking for runs, nothing read"))
         return out
-
-    units, errors = discover(root, spec=spec)
     out.errors.extend(errors)
-    for unit in units:
-        got = read_unit(unit, root=root, spec=spec)
+    for done, unit in enumerate(units):
+        try:
+            current_budget().check_time(str(unit.path))
+            got = read_unit(unit, root=root, spec=spec)
+        except LimitExceeded as exc:
+            out.errors.append(SourceError(spec, f"{exc}; stopped there: {done} of {len(units)} files or "
+                                                f"run folders read, the rest not", ref=str(unit.path)))
+            break
         out.warnings.extend(got.warnings)
         out.segments.extend(got.segments)
         if not got.skipped and unit.kind not in out.kinds:
@@ -215,3 +277,16 @@ def read_local(spec: str, *, read_unit: ReadUnit = read_unit) -> SourceRead:
         out.errors.append(SourceError(spec, f"{spec}: no runs found (no W&B run folders, MLflow stores, "
                                             "TensorBoard event files, tables or checkpoint folders)"))
     return out
+
+
+def _root_problem(root: Path, spec: str) -> str | None:
+    """Why the path the user named cannot be read at all (missing, unreadable, not a regular file
+    nor a folder), or None."""
+    if not root.exists():
+        return f"no such file or folder: {spec}"
+    if not os.access(root, os.R_OK):
+        return f"permission denied: {spec}"
+    kind = path_kind(root)
+    if kind not in ("a regular file", "a folder"):
+        return f"{spec}: not a regular file ({kind or 'cannot be examined'}); not read"
+    return None

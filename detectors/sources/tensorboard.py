@@ -31,6 +31,7 @@ from google.protobuf.message import DecodeError
 from tensorboard.compat.proto import event_pb2
 
 from ..model import Segment, Series
+from .limits import read_regular
 from .local import ReadError
 
 _LENGTH = struct.Struct("<Q")
@@ -153,7 +154,7 @@ def _hparams_config(content: bytes) -> tuple[dict[str, Any], str | None]:
 
 def read_tensorboard_file(path: Path, *, ref: str, source: str) -> list[Segment]:
     """One event file -> one Segment holding every scalar point it records, in file order."""
-    data = Path(path).read_bytes()
+    data = read_regular(Path(path))  # a FIFO or a device is refused, the bytes are charged to the SOURCE
     if not data:
         raise ReadError("empty event file (0 bytes)")
     warnings: list[str] = []

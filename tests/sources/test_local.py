@@ -399,3 +399,250 @@ def test_the_dispatcher_is_what_read_source_uses_for_a_local_path(
     assert ((via_source.kinds, via_source.errors, via_source.warnings)
             == (direct.kinds, direct.errors, direct.warnings))
 
+
+
+# ------------------------------------------------------------------------------ hostile trees (issue 12)
+
+
+@contextmanager
+def returns_within(seconds: float, fifos: list[Path]) -> Iterator[list[Callable[[], object]]]:
+    """Fail, rather than hang the suite, when the block is still blocked on a FIFO after ``seconds``:
+    the block runs in a daemon thread; a reader blocked on one of ``fifos`` is released at the end
+    (opening a FIFO for writing without blocking gives its blocked reader an end of file)."""
+    import threading
+
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def call(fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except BaseException as exc:  # re-raised in the test's own thread
+            errors.append(exc)
+        finally:
+            done.set()
+
+    holder: list[Callable[[], object]] = []
+    yield holder  # the test appends the function to run
+    thread = threading.Thread(target=call, args=(holder[0],), daemon=True)
+    thread.start()
+    finished = done.wait(seconds)
+    for fifo in fifos:
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass  # no reader blocked on it: the wanted case
+    thread.join(5)
+    assert finished, f"still blocked after {seconds} s"
+    if errors:
+        raise errors[0]
+
+
+def read_within(spec: str, fifos: list[Path], seconds: float = 60) -> SourceRead:
+    """``read_source(spec)``, failing instead of hanging when it blocks."""
+    got: list[SourceRead] = []
+    with returns_within(seconds, fifos) as run:
+        run.append(lambda: got.append(read_source(spec)))
+    return got[0]
+
+
+def plant_fifos(root: Path) -> list[Path]:
+    """A FIFO under every name a reader would open: an event file, tables, a store, a W&B log in a
+    run folder, a checkpoint's ``training_info.json``."""
+    names = ["tb/events.out.tfevents.1700000000.host.1.0", "exports/metrics.csv", "exports/h.jsonl",
+             "exports/t.parquet", "mlflow.db", "wandb/run-20260101_000000-abc1/run-abc1.wandb",
+             "ckpt/step_5/training_info.json"]
+    fifos = []
+    for name in names:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(path)
+        fifos.append(path)
+    return fifos
+
+
+def test_fifos_named_like_inputs_are_skipped_with_a_warning_naming_each_and_nothing_blocks(
+        tmp_path: Path, write_tbx: TbWriter) -> None:
+    fifos = plant_fifos(tmp_path)
+    good = write_tbx(tmp_path / "good", KL)
+
+    read = read_within(str(tmp_path), fifos)
+
+    assert [s.ref for s in read.segments if s.kind == "tensorboard"] == [f"good/{good.name}"]
+    for fifo in fifos[:-1]:  # each named, with what it is
+        rel = str(fifo.relative_to(tmp_path))
+        assert f"{rel}: not a regular file (a FIFO); skipped" in read.warnings, (rel, read.warnings)
+    [ckpt] = [s for s in read.segments if s.kind == "checkpoints"]  # the checkpoint is read, its FIFO skipped
+    assert ckpt.checkpoint_steps == [5]
+    assert ckpt.warnings == ["ckpt/step_5/training_info.json: not a regular file (a FIFO); skipped"]
+
+
+def test_a_socket_and_a_symlink_to_dev_zero_named_like_inputs_are_skipped_not_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_tbx: TbWriter) -> None:
+    import socket
+
+    write_tbx(tmp_path / "good", KL)
+    (tmp_path / "events.out.tfevents.1700000000.zero").symlink_to("/dev/zero")
+    (tmp_path / "zero.csv").symlink_to("/dev/zero")
+    monkeypatch.chdir(tmp_path)  # a socket path must be short: bind it relative to here
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind("metrics.jsonl")
+    try:
+        read = read_within(str(tmp_path), [])
+    finally:
+        sock.close()
+    assert [s.kind for s in read.segments] == ["tensorboard"] and read.errors == []
+    assert sorted(read.warnings) == [
+        "events.out.tfevents.1700000000.zero: not a regular file (a character device); skipped",
+        "metrics.jsonl: not a regular file (a socket); skipped",
+        "zero.csv: not a regular file (a character device); skipped"]
+
+
+@pytest.mark.parametrize("name", ["events.out.tfevents.1700000000.host", "metrics.csv", "mlflow.db"])
+def test_a_fifo_or_a_device_named_directly_is_an_error_naming_it(tmp_path: Path, name: str) -> None:
+    fifo, zero = tmp_path / name, tmp_path / "zero" / name
+    os.mkfifo(fifo)
+    zero.parent.mkdir()
+    zero.symlink_to("/dev/zero")
+    for path, kind in ((fifo, "a FIFO"), (zero, "a character device")):
+        read = read_within(str(path), [fifo])
+        assert read.errors == [SourceError(str(path), f"{path}: not a regular file ({kind}); not read")]
+        assert read.segments == []
+
+
+@pytest.mark.parametrize("reader", [read_tensorboard_file, read_table, read_wandb_run_dir, read_checkpoint_dir])
+def test_a_file_swapped_for_a_fifo_after_discovery_is_an_error_segment_naming_it_not_a_hang(
+        tmp_path: Path, reader: Callable[..., list[Segment]]) -> None:
+    """Between the walk and the read a name may become a FIFO: each reader opens without blocking and
+    refuses what is not a regular file, naming it."""
+    names = {read_tensorboard_file: "events.out.tfevents.1700000000.host", read_table: "metrics.csv",
+             read_wandb_run_dir: "run-20260101_000000-abc1/run-abc1.wandb",
+             read_checkpoint_dir: "ckpts/checkpoint-1/trainer_state.json"}
+    fifo = tmp_path / names[reader]
+    fifo.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(fifo)
+    target = fifo.parents[1] if reader is read_checkpoint_dir else (
+        fifo.parent if reader is read_wandb_run_dir else fifo)
+    unit = Unit({read_tensorboard_file: "tensorboard", read_table: "table", read_wandb_run_dir: "wandb-offline",
+                 read_checkpoint_dir: "checkpoints"}[reader], target, reader)
+    got: list[UnitRead] = []
+    with returns_within(60, [fifo]) as run:
+        run.append(lambda: got.append(read_unit(unit, root=tmp_path, spec=str(tmp_path))))
+    [seg] = got[0].segments
+    said = seg.error or " ".join(seg.warnings)
+    assert fifo.name in said and "not a regular file (a FIFO)" in said, said
+
+
+def make_deep(root: Path, depth: int) -> Path:
+    """``root/d/d/.../d``, ``depth`` levels, made one level at a time (pathlib's mkdir(parents=True)
+    recurses once per level)."""
+    p = root
+    for _ in range(depth):
+        p = p / "d"
+        p.mkdir()
+    return p
+
+
+def remove_deep(root: Path) -> None:
+    """Remove a deep tree bottom-up without recursion (shutil.rmtree recurses once per level)."""
+    from klwatch.sources.limits import walk
+
+    for folder, _, files in reversed(list(walk(root))):  # a folder after everything below it
+        for f in files:
+            (folder / f).unlink()
+        folder.rmdir()
+
+
+def test_a_tree_990_folders_deep_is_read_not_a_recursion_error(tmp_path: Path, write_tbx: TbWriter) -> None:
+    root = tmp_path / "deep"
+    root.mkdir()
+    bottom = make_deep(root, 990)
+    try:
+        write_csv(bottom / "metrics.csv", range(1, 6))
+        tb = write_tbx(bottom / "tb", KL)
+        read = read_source(str(root))
+        assert read.errors == [] and read.kinds == ["tensorboard", "table"]
+        rel = str(bottom.relative_to(root))
+        assert sorted(s.ref for s in read.segments) == sorted([f"{rel}/tb/{tb.name}", f"{rel}/metrics.csv"])
+        assert all(s.error is None for s in read.segments)
+    finally:
+        remove_deep(root)
+
+
+def test_a_wandb_run_folder_without_its_log_is_a_warning_naming_it_and_an_error_when_named(
+        tmp_path: Path, write_tbx: TbWriter) -> None:
+    empty = tmp_path / "wandb" / "offline-run-20260101_000000-gone1"
+    (empty / "files").mkdir(parents=True)
+    (empty / "files" / "output.log").write_text("crashed before the first record\n")
+    write_tbx(tmp_path / "runs" / "run-0000", KL)  # TensorBoard's run-* folders: not W&B, no warning
+    read = read_local(str(tmp_path))
+    assert read.kinds == ["tensorboard"] and read.errors == []
+    assert read.warnings == ["wandb/offline-run-20260101_000000-gone1: a W&B run folder with no .wandb log "
+                             "(deleted, or the run never started logging); nothing read from it"]
+    named = read_local(str(empty))
+    assert [(e.message, e.ref) for e in named.errors] == [
+        (".: a W&B run folder with no .wandb log (deleted, or the run never started logging); nothing read "
+         "from it", str(empty))]
+
+
+def write_tables(root: Path, n: int) -> list[Path]:
+    return [write_csv(root / f"t{i}.csv", range(1, 200)) for i in range(n)]
+
+
+def test_a_byte_bound_passed_stops_the_source_with_one_error_naming_the_flag_and_keeps_what_was_read(
+        tmp_path: Path) -> None:
+    from klwatch.sources.limits import ReadLimits
+
+    tables = write_tables(tmp_path, 5)
+    size = tables[0].stat().st_size
+    read = read_source(str(tmp_path), limits=ReadLimits(max_bytes=int(2.5 * size)))
+
+    assert [s.ref for s in read.segments] == ["t0.csv", "t1.csv"]  # what was read before stays
+    assert all(s.error is None for s in read.segments)
+    [error] = read.errors  # one error, not one per file left
+    assert error.ref == str(tables[2])
+    assert error.message == (f"reading {tmp_path} needs more than {int(2.5 * size):,} bytes (at {tables[2]}); raise "
+                             "the bound with --max-read-bytes; stopped there: 2 of 5 files or run folders read, "
+                             "the rest not")
+
+
+def test_a_time_bound_passed_stops_the_source_with_one_error_naming_the_flag_and_keeps_what_was_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clock that moves one second each time it is read (no sleeping): the bound passes partway."""
+    import itertools
+
+    from klwatch.sources import limits
+
+    write_tables(tmp_path, 5)
+    ticks = itertools.count()
+    monkeypatch.setattr(limits.time, "monotonic", lambda: float(next(ticks)))
+    read = read_source(str(tmp_path), limits=limits.ReadLimits(max_seconds=8))
+
+    assert 0 < len(read.segments) < 5 and all(s.error is None for s in read.segments)
+    [error] = read.errors
+    assert error.message.startswith(f"reading {tmp_path} took longer than 8 s (at ")
+    assert "raise the bound with --max-read-seconds; stopped there" in error.message
+
+
+def test_a_time_bound_passed_while_walking_is_one_error_naming_the_flag(tmp_path: Path) -> None:
+    from klwatch.sources.limits import ReadLimits
+
+    write_tables(tmp_path, 2)
+    read = read_source(str(tmp_path), limits=ReadLimits(max_seconds=-1))
+    assert read.segments == []
+    assert [e.message for e in read.errors] == [
+        f"reading {tmp_path} took longer than -1 s (at {tmp_path}); raise the bound with --max-read-seconds; "
+        "stopped while looking for runs, nothing read"]
+
+
+def test_looking_at_a_wal_mode_store_creates_and_touches_nothing_beside_it(tmp_path: Path) -> None:
+    db = Path(shutil.copy(MLFLOW_DB, tmp_path / "mlflow.db"))
+    con = sqlite3.connect(db)
+    assert con.execute("PRAGMA journal_mode=WAL").fetchone() == ("wal",)
+    con.close()  # the last connection gone: SQLite removes -wal and -shm
+    before = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
+
+    units, errors = discover(tmp_path, spec=str(tmp_path))
+
+    assert [(u.kind, u.path) for u in units] == [("mlflow", db)] and errors == []
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == before
