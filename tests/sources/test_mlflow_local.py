@@ -102,6 +102,15 @@ def file_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
             os.environ["MLFLOW_ALLOW_FILE_STORE"] = old
 
 
+def copy_mlruns(tmp_path: Path, file_store: Store) -> tuple[Path, Path]:
+    """A private copy of the client-written ``mlruns/`` (to damage) and its ``grpo`` experiment folder."""
+    import shutil
+
+    root = tmp_path / "mlruns"
+    shutil.copytree(file_store.path, root)
+    return root, next(root.glob(f"*/{file_store.ids['resumed']}")).parent
+
+
 def client_histories(uri: str) -> dict[tuple[str, str], list[tuple[int, float, int]]]:
     """What the official client returns for every active run and metric."""
     from mlflow import MlflowClient
@@ -236,12 +245,18 @@ def test_corrupt_sqlite_store_is_an_error_naming_the_file(tmp_path: Path, sqlite
     assert len(errors) == 1 and "broken.db" in errors[0]
 
 
-def test_a_sqlite_file_that_is_not_an_mlflow_store_is_an_error(tmp_path: Path) -> None:
-    db = tmp_path / "other.db"
+def sqlite_with(db: Path, *statements: str) -> Path:
+    """A SQLite file made by running ``statements``."""
     con = sqlite3.connect(db)
-    con.execute("CREATE TABLE runs (x)")
+    for sql in statements:
+        con.execute(sql)
     con.commit()
     con.close()
+    return db
+
+
+def test_a_sqlite_file_that_is_not_an_mlflow_store_is_an_error(tmp_path: Path) -> None:
+    db = sqlite_with(tmp_path / "other.db", "CREATE TABLE runs (x)")
     with pytest.raises(ReadError, match=r"other\.db: not an MLflow store"):
         read_mlflow_sqlite(db, ref="other.db", source=str(db))
 
@@ -276,13 +291,9 @@ def test_file_store_and_sqlite_store_give_the_same_runs(file_store: Store, sqlit
             np.testing.assert_array_equal(sa.values, sb.values)
 
 
-def test_bad_run_folder_becomes_an_error_naming_it_and_the_rest_is_read(
+def test_bad_metric_line_costs_that_metric_and_a_missing_meta_yaml_that_run(
         tmp_path: Path, file_store: Store) -> None:
-    import shutil
-
-    root = tmp_path / "mlruns"
-    shutil.copytree(file_store.path, root)
-    exp_dir = next(root.glob(f"*/{file_store.ids['resumed']}")).parent
+    root, exp_dir = copy_mlruns(tmp_path, file_store)
     bad_metric = exp_dir / file_store.ids["grouped"] / "metrics" / "train" / "kl_penalty"
     bad_metric.write_text("1760000000000 0.5 1\nthis is not a metric line at all\n")
     (exp_dir / file_store.ids["child"] / "meta.yaml").unlink()
@@ -290,12 +301,15 @@ def test_bad_run_folder_becomes_an_error_naming_it_and_the_rest_is_read(
     read = read_source(str(tmp_path))
     assert read.kinds == ["mlflow"]
     errors = {s.ref: s.error for s in read.segments if s.error}
-    good = [s for s in read.segments if not s.error]
-    assert [s.run_id for s in good] == [file_store.ids["resumed"]]
-    assert set(errors) == {f"mlruns/{exp_dir.name}/{file_store.ids['grouped']}",
-                           f"mlruns/{exp_dir.name}/{file_store.ids['child']}"}
-    assert "kl_penalty" in errors[f"mlruns/{exp_dir.name}/{file_store.ids['grouped']}"]
+    good = {s.run_id: s for s in read.segments if not s.error}
+    assert set(good) == {file_store.ids["resumed"], file_store.ids["grouped"]}
+    assert set(errors) == {f"mlruns/{exp_dir.name}/{file_store.ids['child']}"}
     assert "meta.yaml" in errors[f"mlruns/{exp_dir.name}/{file_store.ids['child']}"]
+    grouped = good[file_store.ids["grouped"]]
+    assert grouped.series == {}
+    [warning] = grouped.warnings
+    assert f"mlruns/{exp_dir.name}/{file_store.ids['grouped']}/metrics/train/kl_penalty: line 2" in warning
+    assert "left out" in warning
 
 
 def test_local_discovery_reads_sqlite_and_mlruns_side_by_side(
@@ -309,3 +323,371 @@ def test_local_discovery_reads_sqlite_and_mlruns_side_by_side(
     stores = {s.store.split("#")[0] for s in read.segments}
     assert stores == {str((tmp_path / "mlruns").resolve()), str((tmp_path / "mlflow.db").resolve())}
     assert len(read.segments) == 6 and not any(s.error for s in read.segments)
+
+
+# -- hostile and damaged mlruns/ (issue 12): the smallest thing that failed, named ------------------
+
+ALIAS_BOMB = "\n".join(
+    ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    + [f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+       f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]" for i in range(8)]
+) + "\nname: bomb\n"
+
+
+def warnings_of(read) -> list[str]:
+    return [w for s in read.segments for w in s.warnings] + list(read.warnings)
+
+
+def test_yaml_alias_bomb_in_experiment_meta_costs_only_its_name_and_is_refused_at_once(
+        tmp_path: Path, file_store: Store) -> None:
+    root, exp_dir = copy_mlruns(tmp_path, file_store)
+    (exp_dir / "meta.yaml").write_text(ALIAS_BOMB)
+    t = time.monotonic()
+    read = read_source(str(tmp_path))
+    assert time.monotonic() - t < 30  # 9 levels of 9 aliases: refused at the first, never expanded
+    assert not read.errors and not any(s.error for s in read.segments)
+    assert {s.run_id for s in read.segments} == {file_store.ids[k] for k in ("resumed", "child", "grouped")}
+    assert {s.meta["experiment"] for s in read.segments} == {exp_dir.name}  # named by its id
+    [warning] = warnings_of(read)
+    assert f"mlruns/{exp_dir.name}/meta.yaml" in warning and "alias" in warning
+
+
+def test_yaml_alias_bomb_in_a_run_meta_costs_that_run_only(tmp_path: Path, file_store: Store) -> None:
+    root, exp_dir = copy_mlruns(tmp_path, file_store)
+    (exp_dir / file_store.ids["child"] / "meta.yaml").write_text(ALIAS_BOMB)
+    read = read_source(str(tmp_path))
+    [bad] = [s for s in read.segments if s.error]
+    assert bad.ref == f"mlruns/{exp_dir.name}/{file_store.ids['child']}"
+    assert "meta.yaml" in bad.error and "alias" in bad.error
+    assert {s.run_id for s in read.segments if not s.error} == {file_store.ids["resumed"], file_store.ids["grouped"]}
+
+
+def test_damaged_experiment_meta_costs_only_its_name_with_a_warning(tmp_path: Path, file_store: Store) -> None:
+    root, exp_dir = copy_mlruns(tmp_path, file_store)
+    (exp_dir / "meta.yaml").write_bytes(b"name: [grpo\nlifecycle_stage: \xff active\n")
+    read = read_source(str(tmp_path))
+    assert not any(s.error for s in read.segments) and len(read.segments) == 3
+    assert {s.meta["experiment"] for s in read.segments} == {exp_dir.name}
+    [warning] = warnings_of(read)
+    assert f"mlruns/{exp_dir.name}/meta.yaml: damaged experiment meta.yaml" in warning
+    assert "its runs are read" in warning
+
+
+def test_one_non_utf8_byte_costs_only_that_metric_param_or_tag(tmp_path: Path, file_store: Store) -> None:
+    root, exp_dir = copy_mlruns(tmp_path, file_store)
+    run = exp_dir / file_store.ids["resumed"]
+    (run / "metrics" / "train" / "kl_penalty").write_bytes(b"1760000001000 0.\xff1 1\n")
+    (run / "params" / "lr").write_bytes(b"1e-0\xfe6")
+    (run / "tags" / "team").write_bytes(b"r\xc3")
+    read = read_source(str(tmp_path))
+    seg = {s.run_id: s for s in read.segments}[file_store.ids["resumed"]]
+    assert seg.error is None
+    assert set(seg.series) == {"loss", "reward"}
+    assert "lr" not in seg.config and seg.config["batch"] == 64
+    assert "team" not in seg.tags and seg.name == "grpo-7b"
+    ref = f"mlruns/{exp_dir.name}/{file_store.ids['resumed']}"
+    assert sorted(seg.warnings) == sorted([
+        f"{ref}/metrics/train/kl_penalty: not UTF-8 (byte 16); this metric is left out",
+        f"{ref}/params/lr: not UTF-8 (byte 4); this param is left out",
+        f"{ref}/tags/team: not UTF-8 (byte 1); this tag is left out",
+    ])
+    assert len([s for s in read.segments if not s.error]) == 3  # the store, and its other runs, are read
+
+
+def test_a_step_of_2_to_the_70_costs_that_metric_naming_file_and_line(tmp_path: Path, file_store: Store) -> None:
+    root, exp_dir = copy_mlruns(tmp_path, file_store)
+    loss = exp_dir / file_store.ids["resumed"] / "metrics" / "loss"
+    loss.write_text(loss.read_text() + f"{T0 + 5000} 0.5 {2 ** 70}\n")
+    read = read_source(str(tmp_path))
+    seg = {s.run_id: s for s in read.segments}[file_store.ids["resumed"]]
+    assert seg.error is None and "loss" not in seg.series and "train/kl_penalty" in seg.series
+    [warning] = seg.warnings
+    assert f"{file_store.ids['resumed']}/metrics/loss: line 3: step '{2 ** 70}' does not fit in 64 bits" in warning
+    assert not read.errors and len(read.segments) == 3
+
+
+def test_unterminated_last_line_of_a_metric_file_is_left_out_with_a_warning(
+        tmp_path: Path, file_store: Store) -> None:
+    root, exp_dir = copy_mlruns(tmp_path, file_store)
+    kl = exp_dir / file_store.ids["grouped"] / "metrics" / "train" / "kl_penalty"
+    kl.write_text(kl.read_text() + f"{T0 + 300_000} 0.0")  # a write in progress: ' 21\n' not there yet
+    read = read_source(str(tmp_path))
+    seg = {s.run_id: s for s in read.segments}[file_store.ids["grouped"]]
+    assert seg.series["train/kl_penalty"].steps.tolist() == [16, 17, 18, 19, 20]
+    [warning] = seg.warnings
+    assert "metrics/train/kl_penalty: its last line" in warning and "no line end" in warning
+
+
+def test_fifo_and_device_in_a_run_folder_are_never_opened(tmp_path: Path, file_store: Store) -> None:
+    root, exp_dir = copy_mlruns(tmp_path, file_store)
+    run = exp_dir / file_store.ids["resumed"]
+    os.mkfifo(run / "metrics" / "fifo_metric")
+    os.symlink("/dev/zero", run / "metrics" / "zeros")
+    os.mkfifo(run / "params" / "fifo_param")
+    child_meta = exp_dir / file_store.ids["child"] / "meta.yaml"
+    child_meta.unlink()
+    os.mkfifo(child_meta)
+    t = time.monotonic()
+    read = read_source(str(tmp_path))
+    assert time.monotonic() - t < 30  # a FIFO opened for reading would block forever
+    seg = {s.run_id: s for s in read.segments}[file_store.ids["resumed"]]
+    assert sorted(w.split(f"{run.name}/", 1)[1] for w in seg.warnings) == [
+        "metrics/fifo_metric: not a regular file (a FIFO); not opened; this metric is left out",
+        "metrics/zeros: not a regular file (a character device); not opened; this metric is left out",
+        "params/fifo_param: not a regular file (a FIFO); not opened; this param is left out",
+    ]
+    [bad] = [s for s in read.segments if s.error]
+    assert bad.ref.endswith(file_store.ids["child"]) and "meta.yaml: not a regular file (a FIFO)" in bad.error
+
+
+def test_a_metric_nested_1100_folders_deep_is_read_without_recursion(tmp_path: Path, file_store: Store) -> None:
+    root, exp_dir = copy_mlruns(tmp_path, file_store)
+    fd = os.open(exp_dir / file_store.ids["grouped"] / "metrics", os.O_RDONLY)
+    try:
+        for _ in range(1100):  # os.makedirs itself recurses once per level
+            os.mkdir("d", dir_fd=fd)
+            nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        leaf = os.open("kl", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        os.write(leaf, f"{T0} 0.25 7\n".encode())
+        os.close(leaf)
+    finally:
+        os.close(fd)
+    read = read_source(str(tmp_path))
+    seg = {s.run_id: s for s in read.segments}[file_store.ids["grouped"]]
+    assert seg.series["/".join(["d"] * 1100 + ["kl"])].steps.tolist() == [7]
+    assert not read.errors and not any(s.error for s in read.segments)
+
+
+# -- SQLite stores opened touching nothing (issue 12) ------------------------------------------------
+
+
+def file_states(folder: Path) -> dict[str, tuple[str, int]]:
+    """Every file in ``folder``: its bytes (hashed) and its mtime."""
+    return {p.name: (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in sorted(folder.iterdir())}
+
+
+def make_wal_store(into: Path, sqlite_store: Store, *, frames: bool) -> Path:
+    """A WAL-mode copy of the client-written store in ``into``: switched with ``PRAGMA
+    journal_mode=WAL``, then written by the real client. With ``frames`` the db, its ``-wal`` and
+    ``-shm`` are copied while connections are open (as a live writer, or one killed, leaves them);
+    without, every connection is closed first, which checkpoints and removes the wal."""
+    import shutil
+
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    work = into.parent / f"{into.name}-work"
+    work.mkdir()
+    db = work / "mlflow.db"
+    db.write_bytes(sqlite_store.path.read_bytes())
+    con = sqlite3.connect(db)
+    assert con.execute("PRAGMA journal_mode=WAL").fetchone() == ("wal",)
+    con.execute("PRAGMA wal_autocheckpoint=0")
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    client.log_batch(sqlite_store.ids["resumed"],
+                     metrics=[Metric("wal_only", 0.5 * s, T0 + 500_000 + s, s) for s in range(5)])
+    into.mkdir()
+    if frames:
+        for p in work.iterdir():
+            shutil.copy2(p, into / p.name)
+        con.close()
+    else:
+        con.close()
+        from mlflow.tracking._tracking_service.utils import _get_store
+
+        _get_store(f"sqlite:///{db}").engine.dispose()  # the client's pooled connection too
+        assert sorted(p.name for p in work.iterdir()) == ["mlflow.db"], list(work.iterdir())
+        shutil.copy2(db, into / "mlflow.db")
+    return into / "mlflow.db"
+
+
+def test_wal_store_with_frames_is_read_from_a_private_copy_touching_nothing(
+        tmp_path: Path, sqlite_store: Store) -> None:
+    db = make_wal_store(tmp_path / "store", sqlite_store, frames=True)
+    assert (db.parent / "mlflow.db-wal").stat().st_size > 0
+    before = file_states(db.parent)
+    segs = read_mlflow_sqlite(db, ref="mlflow.db", source="x")
+    read = read_source(str(db.parent))
+    assert file_states(db.parent) == before  # no file created, none changed, no mtime bumped
+    for got in (segs, read.segments):
+        main = by_name(got)["grpo-7b"]
+        assert main.series["wal_only"].steps.tolist() == [0, 1, 2, 3, 4]  # the frames only in the wal
+        assert main.series["train/kl_penalty"].steps.tolist() == list(range(1, 11)) + list(range(6, 16))
+    assert not read.errors
+
+
+def test_wal_store_without_a_wal_is_read_immutable_creating_nothing(tmp_path: Path, sqlite_store: Store) -> None:
+    db = make_wal_store(tmp_path / "store", sqlite_store, frames=False)
+    assert db.read_bytes()[18:20] == b"\x02\x02"  # a WAL-mode database
+    before = file_states(db.parent)
+    for _ in range(2):  # today's bug showed on the second read: -shm bumped
+        read = read_source(str(db.parent))
+        assert file_states(db.parent) == before
+    assert not read.errors and by_name(read.segments)["grpo-7b"].series["wal_only"].steps.tolist() == [0, 1, 2, 3, 4]
+
+
+_READ_AS_NOBODY = """
+import json, sys
+from klwatch.sources import read_source
+out = {}
+for folder in sys.argv[1:]:
+    r = read_source(folder)
+    out[folder] = [len([s for s in r.segments if not s.error]), [e.message for e in r.errors]
+                   + [s.error for s in r.segments if s.error]]
+print(json.dumps(out))
+"""
+
+
+def _summary(read) -> list:
+    """[runs read, every error message] of one read."""
+    return [len([s for s in read.segments if not s.error]),
+            [e.message for e in read.errors] + [s.error for s in read.segments if s.error]]
+
+
+def _as_unprivileged_user(folders: list[Path]) -> dict[str, list]:
+    """Read each folder as a user who may not write there: this process when it is not root, else a
+    subprocess with uid/gid 65534 (``setpriv``); skipped when neither can be arranged."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0:
+        return {str(f): _summary(read_source(str(f))) for f in folders}
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root and setpriv is not installed: cannot read as an unprivileged user")
+    cmd = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c"]
+    probe = subprocess.run(cmd + ["import klwatch"], capture_output=True, text=True, timeout=120)
+    if probe.returncode != 0:
+        pytest.skip(f"uid 65534 cannot import klwatch here: {probe.stderr.strip()[-200:]}")
+    done = subprocess.run(cmd + [_READ_AS_NOBODY, *map(str, folders)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "HOME": "/tmp"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_stores_in_a_read_only_folder_are_readable_by_an_unprivileged_user(sqlite_store: Store) -> None:
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="klwatch-ro-"))  # not under pytest's 0700 tmp: uid 65534 must get in
+    try:
+        base.chmod(0o755)
+        rollback = base / "rollback"
+        rollback.mkdir()
+        shutil.copy2(sqlite_store.path, rollback / "mlflow.db")
+        stores = [rollback, base / "wal-empty", base / "wal-frames"]
+        make_wal_store(stores[1], sqlite_store, frames=False)
+        make_wal_store(stores[2], sqlite_store, frames=True)
+        before = {}
+        for folder in stores:
+            for p in folder.iterdir():
+                p.chmod(0o444)
+            folder.chmod(0o555)
+            before[folder] = file_states(folder)
+        got = _as_unprivileged_user(stores)
+        assert got == {str(f): [3, []] for f in stores}
+        assert {f: file_states(f) for f in stores} == before
+    finally:
+        for folder in base.iterdir():
+            folder.chmod(0o755)
+        shutil.rmtree(base)
+
+
+@pytest.mark.parametrize("table", ["runs", "metrics"])
+def test_a_store_missing_its_runs_or_metrics_table_is_an_error_naming_the_file(
+        tmp_path: Path, sqlite_store: Store, table: str) -> None:
+    db = tmp_path / "mlflow.db"
+    db.write_bytes(sqlite_store.path.read_bytes())
+    sqlite_with(db, "PRAGMA foreign_keys=OFF", f"DROP TABLE {table}")
+    with pytest.raises(ReadError, match=rf"mlflow\.db: not an MLflow store \(no {table} table\)"):
+        read_mlflow_sqlite(db, ref="mlflow.db", source=str(db))
+    read = read_source(str(tmp_path))
+    errors = [e.message for e in read.errors] + [s.error for s in read.segments if s.error]
+    assert len(errors) == 1 and "mlflow.db" in errors[0] and f"no {table} table" in errors[0]
+
+
+def test_a_sqlite_file_without_any_mlflow_table_is_not_a_log(tmp_path: Path) -> None:
+    db = sqlite_with(tmp_path / "cache.db", "CREATE TABLE items (k, v)")
+    with pytest.raises(mlflow_local.NotALog, match="not an MLflow store"):
+        read_mlflow_sqlite(db, ref="cache.db", source=str(db))
+
+
+def test_sqlite_read_is_bounded_by_the_source_budget(tmp_path: Path, sqlite_store: Store) -> None:
+    from klwatch.sources.limits import Budget, LimitExceeded, ReadLimits, reading
+
+    read = read_source(str(sqlite_store.path), limits=ReadLimits(max_bytes=10_000))
+    assert [s.error for s in read.segments if s.error] == [] and len(read.errors) == 1
+    assert "--max-read-bytes" in read.errors[0].message and "mlflow.db" in read.errors[0].message
+    sample = Path(__file__).resolve().parents[2] / "sample_runs" / "mlflow" / "mlflow.db"  # big enough to be interrupted
+    budget = Budget(ReadLimits())
+    con = mlflow_local._connect(mlflow_local._uri(sample, "mode=ro"), "mlflow.db", budget)
+    budget.deadline = time.monotonic() - 1  # the SOURCE's deadline passed: a query under way is interrupted
+    with reading(budget), pytest.raises(LimitExceeded, match="--max-read-seconds"):
+        mlflow_local._query_store(con, abspath=sample, source="x", who="mlflow.db", budget=budget)
+    con.close()
+
+
+# -- ±inf (issue 12): never "score": NaN downstream --------------------------------------------------
+
+
+def log_infinities(uri: str) -> str:
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    c = MlflowClient(tracking_uri=uri)
+    run = c.create_run(c.create_experiment("inf"), run_name="inf", start_time=T0)
+    c.log_batch(run.info.run_id, metrics=[Metric("kl", v, T0 + s, s) for s, v in
+                                          enumerate([0.5, math.inf, -math.inf, 0.25, math.nan])])
+    return run.info.run_id
+
+
+def test_infinities_logged_by_the_client_are_read_as_nan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    db, files = tmp_path / "inf.db", tmp_path / "mlruns"
+    log_infinities(f"sqlite:///{db}")
+    log_infinities(files.as_uri())
+    assert sqlite3.connect(db).execute("SELECT MAX(value) FROM metrics").fetchone()[0] == pytest.approx(mlflow_local.MLFLOW_INF)
+    for segs in (read_mlflow_sqlite(db, ref="inf.db", source="x"), read_mlruns(files, ref="mlruns", source="x")):
+        vals = segs[0].series["kl"].values
+        assert vals[0] == pytest.approx(0.5) and vals[3] == pytest.approx(0.25)
+        assert np.isnan(vals[[1, 2, 4]]).all()
+
+
+def test_store_with_infinities_scans_to_valid_json(tmp_path: Path) -> None:
+    """A resumed run whose KL the real client logged with ±inf at every other step: the JSON report
+    must parse with NaN and Infinity refused (``"score": NaN`` is not JSON)."""
+    import json
+    import subprocess
+    import sys
+
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    sample = Path(__file__).resolve().parents[2] / "sample_runs" / "mlflow" / "mlflow.db"
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = c.create_experiment("inf")
+    for seg in read_mlflow_sqlite(sample, ref="mlflow.db", source="x"):
+        if not (seg.name or "").startswith("resume-buggy"):
+            continue
+        run = c.create_run(exp, run_name=seg.name, start_time=int(seg.start_time * 1000), tags={"group": seg.group})
+        points = [Metric(key, (math.inf if i % 4 == 0 else -math.inf) if "kl" in key and i % 2 == 0 else float(v),
+                         int(round(t * 1000)), int(st))
+                  for key, s in seg.series.items() for i, (st, v, t) in enumerate(zip(s.steps, s.values, s.wall_times))]
+        for i in range(0, len(points), 900):
+            c.log_batch(run.info.run_id, metrics=points[i:i + 900])
+    done = subprocess.run([sys.executable, "-c", "import sys; from klwatch.cli import main; sys.argv[0] = 'klwatch'; main()",
+                           "scan", str(tmp_path), "-f", "json"], capture_output=True, text=True, timeout=300)
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} in the JSON report")
+
+    report = json.loads(done.stdout, parse_constant=refuse)
+    assert report["lineages"] and all(b["score"] is None or math.isfinite(b["score"])
+                                      for lin in report["lineages"] for b in lin["boundaries"])
