@@ -18,14 +18,28 @@ The environment MLflow users already set is honoured: ``MLFLOW_TRACKING_TOKEN`` 
 ``MLFLOW_HTTP_REQUEST_TIMEOUT`` / ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` /
 ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR`` (with klwatch's own, shorter defaults). Nothing here writes
 to the server, and no message ever contains a credential.
+
+A server is untrusted input (issue 12). Every request's time and body are charged to the SOURCE's
+read budget (``limits``): bodies are streamed in chunks and the byte bound enforced while reading
+(an endless body stops there, a ``Content-Length`` beyond what is left is refused unread); socket
+timeouts are capped by the time the SOURCE has left, and when its deadline passes every socket the
+client opened is shut down, so a server trickling a byte every few seconds (which no per-read
+timeout ends) is cut off there. A ``next_page_token`` that repeats (or pages that bring nothing)
+stops with an error naming the server and the endpoint, and histories are asked for with
+``max_results`` (without it MLflow 3.4-3.13 answers empty pages with a token that never advances,
+mlflow#23916). A reply that is not JSON, or not of MLflow's shape, is an error naming the server.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import threading
 import time
+import weakref
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -33,9 +47,14 @@ from urllib.parse import unquote, urlsplit
 
 import numpy as np
 import requests
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import ReadTimeoutError
 
 from ..model import Segment, Series, SourceError, SourceRead
-from .mlflow_local import PARENT_RUN_TAG, RUN_NAME_TAG, by_start_time, parse_param, run_segment
+from .limits import Budget, LimitExceeded, current_budget
+from .mlflow_local import PARENT_RUN_TAG, RUN_NAME_TAG, by_start_time, finite_or_nan, parse_param, run_segment
 
 DEFAULT_TIMEOUT_S = 60.0
 """Per read (time without a byte from the server), not per request: a big history may stream long."""
@@ -49,6 +68,12 @@ BULK_MAX_POINTS = 25_000  # the server's cap on one bulk answer (MAX_HISTORY_RES
 BULK_MAX_RUNS = 100  # the server's cap on run ids per bulk request
 BULK_PACK_POINTS = 20_000  # pack runs into a bulk request while their expected points stay below
 SEARCH_PAGE = 1000
+HISTORY_PAGE = 25_000
+"""``max_results`` of a get-history request (the official client's page size)."""
+MAX_EMPTY_PAGES = 3
+"""Pages in a row that bring nothing but a new ``next_page_token`` before pagination counts as stuck."""
+BODY_CHUNK = 1 << 16
+_INT64 = 2 ** 63
 PARALLEL_REQUESTS = 4
 """History requests in flight at once: a server with several workers answers them in parallel."""
 
@@ -113,11 +138,76 @@ def _env_float(name: str, default: float) -> float:
         return default
 
 
+class _Sockets:
+    """Every socket one client opened, so that the SOURCE's deadline can end a read still waiting on
+    one: a trickling server answers each read in time, so no socket timeout ever fires."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._socks: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+        self.closed = False
+
+    def add(self, sock: socket.socket) -> None:
+        with self._lock:
+            if not self.closed:
+                self._socks.add(sock)
+                return
+        sock.close()
+        raise OSError("the SOURCE's read deadline has passed")
+
+    def shutdown_all(self) -> None:
+        """Shut every socket down: a read waiting on one returns at once (the request fails)."""
+        with self._lock:
+            self.closed = True
+            socks = list(self._socks)
+        for sock in socks:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class _DeadlineAdapter(HTTPAdapter):
+    """``requests``' adapter whose connections register their sockets with a ``_Sockets``."""
+
+    def __init__(self, sockets: _Sockets) -> None:
+        def tracked(base: type[HTTPConnection]) -> type[HTTPConnection]:
+            def _new_conn(conn: HTTPConnection) -> socket.socket:
+                sock = base._new_conn(conn)
+                sockets.add(sock)
+                return sock
+
+            return type(f"Tracked{base.__name__}", (base,), {"_new_conn": _new_conn})
+
+        self._pools = {
+            "http": type("TrackedHTTPPool", (HTTPConnectionPool,), {"ConnectionCls": tracked(HTTPConnection)}),
+            "https": type("TrackedHTTPSPool", (HTTPSConnectionPool,), {"ConnectionCls": tracked(HTTPSConnection)}),
+        }
+        super().__init__()
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = dict(self._pools)
+
+    def proxy_manager_for(self, proxy: str, **kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(proxy, **kwargs)
+        if not proxy.lower().startswith("socks"):  # a SOCKS manager has its own pool classes
+            manager.pool_classes_by_scheme = dict(self._pools)
+        return manager
+
+
+class _Dropped(Exception):
+    """The connection failed or broke off mid-answer: worth another attempt."""
+
+
 class RestClient:
-    """GET/POST JSON with explicit timeouts, bounded retries with backoff, and clean errors."""
+    """GET/POST JSON with explicit timeouts, bounded retries with backoff, and clean errors; every
+    request within the SOURCE's budget of bytes and time (``current_budget`` when created)."""
 
     def __init__(self, server: ServerSpec) -> None:
         self.base = server.base_url
+        self.where = f"mlflow server {self.base}"
+        self.budget: Budget = current_budget()  # worker threads do not see the caller's context
         self.timeout = _env_float("MLFLOW_HTTP_REQUEST_TIMEOUT", DEFAULT_TIMEOUT_S)
         self.connect_timeout = min(DEFAULT_CONNECT_TIMEOUT_S, self.timeout)
         self.retries = max(0, int(_env_float("MLFLOW_HTTP_REQUEST_MAX_RETRIES", DEFAULT_MAX_RETRIES)))
@@ -139,11 +229,17 @@ class RestClient:
         self._local = threading.local()  # one keep-alive session per thread (Session is not thread-safe)
         self._sessions: list[requests.Session] = []
         self._lock = threading.Lock()
+        self.sockets = _Sockets()
+        self._watchdog = threading.Timer(max(0.0, self.budget.remaining_seconds()) + 0.05, self.sockets.shutdown_all)
+        self._watchdog.daemon = True
+        self._watchdog.start()
 
     def _session(self) -> requests.Session:
         session = getattr(self._local, "session", None)
         if session is None:
             session = requests.Session()
+            for prefix in ("http://", "https://"):
+                session.mount(prefix, _DeadlineAdapter(self.sockets))
             session.headers.update(self._headers)
             session.auth = self._auth
             session.verify = self._verify
@@ -154,6 +250,9 @@ class RestClient:
         return session
 
     def close(self) -> None:
+        """End every request still under way (a worker given up on) and free the connections."""
+        self._watchdog.cancel()
+        self.sockets.shutdown_all()
         with self._lock:
             for session in self._sessions:
                 session.close()
@@ -166,68 +265,149 @@ class RestClient:
         return self._call("POST", route, json=body)
 
     def _call(self, method: str, route: str, **kwargs: Any) -> dict[str, Any]:
-        where = f"mlflow server {self.base}"
+        """One request with bounded retries (connection failures, 429/5xx); LimitExceeded when the
+        SOURCE's bytes or time run out, ServerError for any other failure."""
         attempts = self.retries + 1
         last = ""
         for attempt in range(attempts):
+            self.budget.check_time(f"{self.where} {route}")
             if attempt:
-                time.sleep(min(MAX_BACKOFF_S, self.backoff * (2 ** (attempt - 1))))
+                wait = min(MAX_BACKOFF_S, self.backoff * (2 ** (attempt - 1)))
+                time.sleep(max(0.0, min(wait, self.budget.remaining_seconds())))
             try:
-                resp = self._session().request(method, self.base + route,
-                                            timeout=(self.connect_timeout, self.timeout), **kwargs)
-            except requests.exceptions.SSLError as exc:
-                raise ServerError(f"{where}: TLS handshake failed ({str(exc)[:200]}); for a private "
-                                  "CA set MLFLOW_TRACKING_SERVER_CERT_PATH", transport=True) from exc
-            except requests.exceptions.ConnectTimeout:
-                last = f"{where}: could not connect within {self.connect_timeout:g}s"
+                status, body = self._request(method, route, **kwargs)
+            except _Dropped as exc:
+                last = str(exc)
                 continue
-            except requests.exceptions.ReadTimeout as exc:
-                # A server that hangs once will hang again: asking again only multiplies the wait.
-                raise ServerError(f"{where}: no answer to {route} within {self.timeout:g}s "
-                                  "(the server hangs; MLFLOW_HTTP_REQUEST_TIMEOUT sets the limit)",
-                                  transport=True) from exc
-            except requests.exceptions.ConnectionError:
-                last = f"{where}: cannot connect (nothing listening, or the connection dropped)"
-                continue
-            except requests.exceptions.RequestException as exc:
-                raise ServerError(f"{where}: request to {route} failed: {type(exc).__name__}",
-                                  transport=True) from exc
-            if resp.status_code == 200:
-                try:
-                    doc = resp.json()
-                except ValueError as exc:
-                    raise ServerError(f"{where}: answered {route} with something that is not JSON "
-                                      "(is this an MLflow tracking server?)", status=200) from exc
-                if not isinstance(doc, dict):
-                    raise ServerError(f"{where}: unexpected answer to {route}", status=200)
-                return doc
-            code, msg = _error_of(resp)
-            if resp.status_code in (401, 403):
-                hint = ("the credentials in MLFLOW_TRACKING_TOKEN / MLFLOW_TRACKING_USERNAME / "
-                        "MLFLOW_TRACKING_PASSWORD were refused" if self.has_credentials else
-                        "set MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME / "
-                        "MLFLOW_TRACKING_PASSWORD")
-                word = "unauthorized" if resp.status_code == 401 else "forbidden"
-                raise ServerError(f"{where}: HTTP {resp.status_code} {word}: {hint}",
-                                  status=resp.status_code, error_code=code)
-            if resp.status_code in _RETRY_STATUS:
-                last = f"{where}: HTTP {resp.status_code} on {route}" + (f": {msg}" if msg else "")
-                continue
-            raise ServerError(f"{where}: HTTP {resp.status_code} on {route}"
-                              + (f": {msg}" if msg else ""), status=resp.status_code, error_code=code)
+            if status == 200:
+                return self._json(body, route)
+            code, msg = _error_of(body)
+            if status in (401, 403):
+                raise ServerError(self._auth_message(status), status=status, error_code=code)
+            last = f"{self.where}: HTTP {status} on {route}" + (f": {msg}" if msg else "")
+            if status not in _RETRY_STATUS:
+                raise ServerError(last, status=status, error_code=code)
         raise ServerError(f"{last} (gave up after {attempts} attempt{'s' if attempts > 1 else ''})",
                           transport=True)
 
+    def _auth_message(self, status: int) -> str:
+        hint = ("the credentials in MLFLOW_TRACKING_TOKEN / MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD "
+                "were refused" if self.has_credentials else
+                "set MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD")
+        return f"{self.where}: HTTP {status} {'unauthorized' if status == 401 else 'forbidden'}: {hint}"
 
-def _error_of(resp: requests.Response) -> tuple[str | None, str]:
+    def _request(self, method: str, route: str, **kwargs: Any) -> tuple[int, bytearray]:
+        """(status, body) of one attempt; its socket timeouts capped by the time the SOURCE has left."""
+        left = self.budget.remaining_seconds()
+        timeout = (max(0.001, min(self.connect_timeout, left)), max(0.001, min(self.timeout, left)))
+        capped = timeout[1] < self.timeout
+        try:
+            resp = self._session().request(method, self.base + route, timeout=timeout, stream=True, **kwargs)
+        except requests.exceptions.SSLError as exc:
+            self._check_deadline(route)
+            raise ServerError(f"{self.where}: TLS handshake failed ({str(exc)[:200]}); for a private "
+                              "CA set MLFLOW_TRACKING_SERVER_CERT_PATH", transport=True) from exc
+        except requests.exceptions.ConnectTimeout as exc:
+            self._check_deadline(route, capped)
+            raise _Dropped(f"{self.where}: could not connect within {self.connect_timeout:g}s") from exc
+        except requests.exceptions.ReadTimeout as exc:
+            self._check_deadline(route, capped)
+            # A server that hangs once will hang again: asking again only multiplies the wait.
+            raise ServerError(f"{self.where}: no answer to {route} within {self.timeout:g}s (the server "
+                              "hangs; MLFLOW_HTTP_REQUEST_TIMEOUT sets the limit)", transport=True) from exc
+        except requests.exceptions.ConnectionError as exc:
+            self._check_deadline(route)
+            raise _Dropped(f"{self.where}: cannot connect (nothing listening, or the connection dropped)") from exc
+        except requests.exceptions.RequestException as exc:
+            self._check_deadline(route)
+            raise ServerError(f"{self.where}: request to {route} failed: {type(exc).__name__}",
+                              transport=True) from exc
+        try:
+            return resp.status_code, self._body(resp, route, capped)
+        finally:
+            resp.close()
+
+    def _body(self, resp: requests.Response, route: str, capped: bool) -> bytearray:
+        """The body, streamed in chunks each charged to the budget as it arrives: an endless body
+        stops at the byte bound, a ``Content-Length`` beyond what is left is refused unread."""
+        where = f"{self.where} {route}"
+        declared = _content_length(resp)
+        left = self.budget.limits.max_bytes - self.budget.used
+        if declared is not None and declared > left:
+            raise LimitExceeded(f"reading {self.budget.what} needs more than {self.budget.limits.max_bytes:,} bytes "
+                                f"(at {where}: the server announces a body of {declared:,} bytes); raise the bound "
+                                "with --max-read-bytes")
+        body = bytearray()
+        try:
+            for chunk in resp.iter_content(BODY_CHUNK):
+                self.budget.charge(len(chunk), where)
+                body += chunk
+        except requests.exceptions.ContentDecodingError as exc:
+            encoding = resp.headers.get("Content-Encoding")
+            raise ServerError(f"{self.where}: the answer to {route} cannot be decoded ({encoding})",
+                              status=resp.status_code) from exc
+        except requests.exceptions.RequestException as exc:
+            self._check_deadline(route, capped and _timed_out(exc))
+            end = (f"before the {declared:,} bytes it announced" if declared is not None
+                   else f"after {len(body):,} bytes")
+            raise _Dropped(f"{self.where}: the answer to {route} broke off {end}") from exc
+        return body
+
+    def _check_deadline(self, route: str, capped: bool = False) -> None:
+        """Raise LimitExceeded when a failure came from the SOURCE's deadline: its sockets shut down,
+        or a socket timeout that was the time left."""
+        if capped or self.sockets.closed or self.budget.remaining_seconds() <= 0:
+            time.sleep(max(0.0, self.budget.remaining_seconds()) + 0.001)
+            self.budget.check_time(f"{self.where} {route}")
+
+    def _json(self, body: bytearray, route: str) -> dict[str, Any]:
+        try:
+            doc = json.loads(body)
+        except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested beyond the parser
+            raise ServerError(f"{self.where}: answered {route} with something that is not JSON "
+                              "(is this an MLflow tracking server?)", status=200) from exc
+        if not isinstance(doc, dict):
+            raise ServerError(f"{self.where}: unexpected answer to {route} (not a JSON object)", status=200)
+        return doc
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether a failure reading a body was a socket timeout (``requests`` wraps it in a ConnectionError)."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, (TimeoutError, ReadTimeoutError)):
+            return True
+        todo += [a for a in e.args if isinstance(a, BaseException)] + [c for c in (e.__cause__, e.__context__) if c]
+    return False
+
+
+def _content_length(resp: requests.Response) -> int | None:
+    try:
+        n = int(resp.headers.get("Content-Length", ""))
+    except ValueError:
+        return None
+    return n if n >= 0 else None
+
+
+def _error_of(body: bytearray) -> tuple[str | None, str]:
     """MLflow's ``{"error_code", "message"}``, shortened; never the request (it may hold a token)."""
     try:
-        doc = resp.json()
+        doc = json.loads(body)
         if isinstance(doc, dict):
-            return doc.get("error_code"), str(doc.get("message", ""))[:300]
-    except ValueError:
+            return _short(doc.get("error_code")), str(doc.get("message", ""))[:300]
+    except (ValueError, RecursionError):
         pass
-    return None, resp.text.strip().splitlines()[0][:200] if resp.text.strip() else ""
+    text = body[:4096].decode("utf-8", "replace").strip()
+    return None, text.splitlines()[0][:200] if text else ""
+
+
+def _short(v: Any) -> str | None:
+    return None if v is None else str(v)[:100]
 
 
 # --------------------------------------------------------------------------------------------
@@ -243,16 +423,44 @@ def _get_existing(api: RestClient, route: str, params: dict[str, str]) -> dict[s
     return None
 
 
-def _search(api: RestClient, route: str, body: dict[str, Any], *, items: str) -> list[dict[str, Any]]:
-    """Every ``items`` entry of a paged MLflow search, following ``next_page_token``."""
+def _follow_pages(api: RestClient, route: str, ask: Callable[[str | None], dict[str, Any]], *,
+                  items: str) -> list[dict[str, Any]]:
+    """Every ``items`` entry of a paged answer, following ``next_page_token``; a token that comes
+    back again, or pages that bring nothing, stop with an error naming the server and the endpoint
+    (a server whose pages never advance would otherwise be asked forever)."""
     out: list[dict[str, Any]] = []
     token: str | None = None
+    seen: set[str] = set()
+    empty = page = 0
     while True:
-        doc = api.post(route, {**body, "page_token": token} if token else body)
-        out.extend(doc.get(items, []))
-        token = doc.get("next_page_token")
-        if not token:
+        page += 1
+        doc = ask(token)
+        got = _entries(api, doc, items, route)
+        out.extend(got)
+        token = doc.get("next_page_token") or None
+        if token is None:
             return out
+        empty = 0 if got else empty + 1
+        if str(token) in seen or empty >= MAX_EMPTY_PAGES:
+            why = ("repeats a next_page_token" if str(token) in seen
+                   else f"brings nothing but a new token, {empty} in a row")
+            raise ServerError(f"{api.where}: pagination of {route} does not advance (page {page} {why}); "
+                              f"stopped after {page} requests")
+        seen.add(str(token))
+
+
+def _entries(api: RestClient, doc: dict[str, Any], items: str, route: str) -> list[dict[str, Any]]:
+    """``doc[items]``, checked to be a list of objects (a server of another shape is named)."""
+    got = doc.get(items, [])
+    if not isinstance(got, list) or not all(isinstance(x, dict) for x in got):
+        raise ServerError(f"{api.where}: unexpected answer to {route} ({items!r} is not a list of objects)")
+    return got
+
+
+def _search(api: RestClient, route: str, body: dict[str, Any], *, items: str) -> list[dict[str, Any]]:
+    """Every ``items`` entry of a paged MLflow search."""
+    return _follow_pages(api, route, lambda token: api.post(route, {**body, "page_token": token} if token else body),
+                         items=items)
 
 
 def _experiments(api: RestClient, wanted: str | None) -> list[dict[str, Any]]:
@@ -278,28 +486,34 @@ def _runs(api: RestClient, exp_ids: list[str]) -> list[dict[str, Any]]:
 Points = list[tuple[int, float, int]]  # (timestamp ms, value, step)
 
 
-def _point(m: dict[str, Any]) -> tuple[int, float, int]:
-    return int(m.get("timestamp", 0)), float(m.get("value", "nan")), int(m.get("step", 0))
+def _point(api: RestClient, m: dict[str, Any], route: str) -> tuple[int, float, int]:
+    """One metric point of an answer; a ServerError (costing that run's metric) when it is not one."""
+    try:
+        point = int(m.get("timestamp", 0)), float(m.get("value", "nan")), int(m.get("step", 0))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ServerError(f"{api.where}: a metric point in the answer to {route} is not one: {str(m)[:100]}") from exc
+    if not (-_INT64 <= point[0] < _INT64 and -_INT64 <= point[2] < _INT64):
+        raise ServerError(f"{api.where}: a metric point in the answer to {route} has a step or timestamp "
+                          f"beyond 64 bits: {str(m)[:100]}")
+    return point
 
 
 def _history(api: RestClient, run_id: str, key: str) -> Points:
     """One run's full history of one metric, following pages when the server pages."""
-    out: Points = []
-    token: str | None = None
-    seen: set[str] = set()
-    while True:
-        params = {"run_id": run_id, "metric_key": key}
+    route = "/api/2.0/mlflow/metrics/get-history"
+
+    def ask(token: str | None) -> dict[str, Any]:
+        params: dict[str, Any] = {"run_id": run_id, "metric_key": key, "max_results": HISTORY_PAGE}
         if token:
             params["page_token"] = token
-        doc = api.get("/api/2.0/mlflow/metrics/get-history", params)
-        out.extend(_point(m) for m in doc.get("metrics", []))
-        token = doc.get("next_page_token")
-        if not token:
-            return out
-        if token in seen:
-            raise ServerError(f"mlflow server {api.base}: metric history of run {run_id} key {key!r} "
-                              "pages in a loop")
-        seen.add(token)
+        return api.get(route, params)
+
+    try:
+        metrics = _follow_pages(api, route, ask, items="metrics")
+    except ServerError as exc:
+        raise ServerError(f"{exc} (metric history of run {run_id} key {key!r})", status=exc.status,
+                          error_code=exc.error_code, transport=exc.transport) from exc
+    return [_point(api, m, route) for m in metrics]
 
 
 @dataclass
@@ -362,10 +576,10 @@ class _Fetcher:
         """The runs whose history the bulk answer holds completely."""
         doc = self.api.get(BULK_ROUTE, [("metric_key", key), ("max_results", BULK_MAX_POINTS)]
                            + [("run_id", r) for r in batch])
-        metrics = doc.get("metrics", [])
+        metrics = _entries(self.api, doc, "metrics", BULK_ROUTE)
         per_run: dict[str, Points] = defaultdict(list)
         for m in metrics:
-            per_run[str(m.get("run_id"))].append(_point(m))
+            per_run[str(m.get("run_id"))].append(_point(self.api, m, BULK_ROUTE))
         complete = set(batch)
         if len(metrics) >= BULK_MAX_POINTS:  # capped: runs sorted after the last one were cut
             last = str(metrics[-1].get("run_id"))
@@ -387,13 +601,14 @@ def _series(points: Points) -> Series:
     arr = np.array(points, dtype=np.float64)
     order = np.argsort(arr[:, 0], kind="stable")  # the server's order is (timestamp, step, value)
     arr = arr[order]
-    return Series(arr[:, 2].astype(np.int64), arr[:, 1], arr[:, 0] / 1000.0)
+    return Series(arr[:, 2].astype(np.int64), finite_or_nan(arr[:, 1]), arr[:, 0] / 1000.0)
 
 
 def read_mlflow_server(spec: str) -> SourceRead:
     """Every active run of an MLflow tracking server (or of one experiment); never raises."""
     safe_spec = redact(spec)
     out = SourceRead(spec=safe_spec)
+    current_budget().what = safe_spec  # a bound's message names the SOURCE: never with its credentials
     try:
         server = parse_spec(spec)
     except ValueError as exc:
@@ -402,7 +617,7 @@ def read_mlflow_server(spec: str) -> SourceRead:
     api = RestClient(server)
     try:
         _read(api, server, out)
-    except ServerError as exc:
+    except (ServerError, LimitExceeded) as exc:
         out.errors.append(SourceError(safe_spec, str(exc)))
     except Exception as exc:  # an answer of a shape we did not expect: still name the server
         out.errors.append(SourceError(

@@ -11,10 +11,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import hostile_servers as hs
 import pytest
 
 from klwatch.sources import mlflow_server as ms
 from klwatch.sources import read_source
+from klwatch.sources.limits import ReadLimits
 from mlflow_server import MlflowServer, free_port
 
 pytestmark = pytest.mark.server
@@ -326,3 +328,121 @@ def test_credentials_in_the_address_never_reach_the_report(monkeypatch) -> None:
     read = read_source(f"mlflow://bob:{SECRET}@127.0.0.1:{port}")
     assert read.errors and all(SECRET not in e.message and SECRET not in e.spec for e in read.errors)
     assert SECRET not in read.spec
+
+
+# -- hostile servers (issue 12): bounded time and bytes per SOURCE, a clear error naming the server --
+
+
+def bounded_read(spec: str, **limits: float) -> tuple[object, float, int]:
+    """read_source within ``limits``: (the read, seconds it took, peak bytes Python allocated)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    t = time.monotonic()
+    try:
+        read = read_source(spec, limits=ReadLimits(**limits))
+        return read, time.monotonic() - t, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def one_error(read) -> str:
+    messages = [e.message for e in read.errors] + [s.error for s in read.segments if s.error]
+    assert len(messages) == 1, messages
+    return messages[0]
+
+
+@pytest.fixture
+def patient_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per-read timeouts far beyond the test: only the SOURCE's bounds may end a hostile read."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "600")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0.05")
+
+
+def test_search_whose_page_token_never_advances_stops_naming_server_and_endpoint(patient_client) -> None:
+    with hs.HostileServer(hs.mlflow_routes(**{hs.RUNS: hs.same_token_answer(hs.ONE_RUN)})) as server:
+        read, took, _ = bounded_read(server.spec, max_seconds=60)
+    msg = one_error(read)
+    assert f"mlflow server http://127.0.0.1:{server.port}: pagination of {hs.RUNS} does not advance" in msg
+    assert "repeats a next_page_token" in msg
+    assert server.count(hs.RUNS) == 2 and took < 30
+
+
+def test_search_whose_pages_bring_only_new_tokens_stops(patient_client) -> None:
+    answer = hs.fresh_token_answer({"experiments": []})
+    with hs.HostileServer(hs.mlflow_routes(**{hs.EXPERIMENTS: answer})) as server:
+        read, took, _ = bounded_read(server.spec, max_seconds=60)
+    msg = one_error(read)
+    assert f"127.0.0.1:{server.port}" in msg and f"pagination of {hs.EXPERIMENTS} does not advance" in msg
+    assert server.count(hs.EXPERIMENTS) == ms.MAX_EMPTY_PAGES and took < 30
+
+
+def test_history_whose_page_token_never_advances_costs_that_run_naming_server_and_endpoint(patient_client) -> None:
+    """As MLflow #23916 answers get-history without max_results: no metrics, the same token forever."""
+    loop = hs.same_token_answer({"metrics": []})
+    with hs.HostileServer(hs.mlflow_routes(**{hs.HISTORY: loop})) as server:
+        read, took, _ = bounded_read(server.spec, max_seconds=60)
+    msg = one_error(read)
+    assert msg.startswith("r1: could not read its metric history: ")
+    assert f"mlflow server http://127.0.0.1:{server.port}: pagination of {hs.HISTORY} does not advance" in msg
+    assert "run r1 key 'kl'" in msg
+    assert server.count(hs.HISTORY) == 2 and took < 30
+    assert all("max_results=25000" in r.path for r in server.requests if r.route == hs.HISTORY)
+
+
+@pytest.mark.parametrize("headers_too", [False, True], ids=["body", "status-line"])
+def test_trickling_server_is_cut_off_at_the_source_deadline(patient_client, headers_too: bool) -> None:
+    answer = hs.trickle_answer(2.0, headers_too=headers_too)  # a byte every 2 s: no read ever times out
+    with hs.HostileServer(hs.mlflow_routes(**{hs.EXPERIMENTS: answer})) as server:
+        read, took, _ = bounded_read(f"mlflow://bob:{SECRET}@127.0.0.1:{server.port}", max_seconds=3)
+    msg = one_error(read)
+    assert "took longer than 3 s" in msg and "--max-read-seconds" in msg
+    assert f"http://127.0.0.1:{server.port} {hs.EXPERIMENTS}" in msg
+    assert SECRET not in msg and SECRET not in read.spec
+    assert 2.5 < took < 30
+
+
+def test_server_that_never_answers_is_cut_off_at_the_source_deadline(patient_client) -> None:
+    with hs.HostileServer(hs.mlflow_routes(**{hs.EXPERIMENTS: hs.silent_answer()})) as server:
+        read, took, _ = bounded_read(server.spec, max_seconds=2)
+    msg = one_error(read)
+    assert "took longer than 2 s" in msg and f"127.0.0.1:{server.port}" in msg
+    assert took < 30 and server.count(hs.EXPERIMENTS) == 1
+
+
+def test_endless_body_stops_at_the_byte_bound_in_bounded_memory(patient_client) -> None:
+    with hs.HostileServer(hs.mlflow_routes(**{hs.EXPERIMENTS: hs.endless_answer()})) as server:
+        read, took, peak = bounded_read(server.spec, max_bytes=4_000_000, max_seconds=60)
+    msg = one_error(read)
+    assert "needs more than 4,000,000 bytes" in msg and "--max-read-bytes" in msg
+    assert f"http://127.0.0.1:{server.port} {hs.EXPERIMENTS}" in msg
+    assert took < 30 and peak < 64_000_000  # the body is dropped at the bound, not kept growing
+
+
+@pytest.mark.parametrize("kind", ["bytes", "deep"])
+def test_garbage_json_is_an_error_naming_the_server(patient_client, kind: str) -> None:
+    with hs.HostileServer(hs.mlflow_routes(**{hs.EXPERIMENTS: hs.garbage_answer(kind)})) as server:
+        read, took, _ = bounded_read(server.spec, max_seconds=60)
+    msg = one_error(read)
+    assert msg == (f"mlflow server http://127.0.0.1:{server.port}: answered {hs.EXPERIMENTS} with something "
+                   "that is not JSON (is this an MLflow tracking server?)")
+    assert took < 30
+
+
+def test_content_length_beyond_the_byte_bound_is_refused_unread(patient_client) -> None:
+    with hs.HostileServer(hs.mlflow_routes(**{hs.EXPERIMENTS: hs.short_body_answer(10 ** 12)})) as server:
+        read, took, peak = bounded_read(server.spec, max_bytes=1_000_000, max_seconds=60)
+    msg = one_error(read)
+    assert "the server announces a body of 1,000,000,000,000 bytes" in msg and "--max-read-bytes" in msg
+    assert f"127.0.0.1:{server.port}" in msg and took < 30 and peak < 64_000_000
+
+
+def test_huge_content_length_with_a_short_body_is_an_error_naming_the_server(patient_client) -> None:
+    with hs.HostileServer(hs.mlflow_routes(**{hs.EXPERIMENTS: hs.short_body_answer(10 ** 9)})) as server:
+        read, took, peak = bounded_read(server.spec, max_seconds=60)
+    msg = one_error(read)
+    assert msg.startswith(f"mlflow server http://127.0.0.1:{server.port}: the answer to {hs.EXPERIMENTS} "
+                          "broke off before the 1,000,000,000 bytes it announced")
+    assert "gave up after 2 attempts" in msg and server.count(hs.EXPERIMENTS) == 2
+    assert took < 30 and peak < 64_000_000
