@@ -13,7 +13,9 @@ behind the sampling ``run.history()``. Runs are given as Python data; the first
 Fault modes (``WandbStub(fault=...)``): ``"500"`` answers every request with HTTP 500, ``"hang"``
 accepts requests and never answers (until the stub stops), ``"401"`` rejects the API key,
 ``"hang_history"`` answers everything but history downloads (parquet files, history pages).
-``StubRun.broken`` makes only that run's history requests fail with HTTP 500.
+``StubRun.broken`` makes only that run's history requests fail with HTTP 500; ``StubRun.endless``
+makes its history never end (its last step 10^12, every history page full: a hostile or broken
+server), each row padded so that a byte bound is reached quickly.
 """
 
 from __future__ import annotations
@@ -50,6 +52,21 @@ class StubRun:
     """How many leading rows are served from the parquet export; the rest are live rows."""
     broken: bool = False
     """Answer this run's history requests with HTTP 500 (a per-run failure)."""
+    endless: bool = False
+    """A history without end: the last step is 10^12 and every page is full."""
+
+    @property
+    def last_step(self) -> int:
+        return 10 ** 12 if self.endless else max((r["_step"] for r in self.rows), default=-1)
+
+
+ENDLESS_PAGE = 2000
+"""Rows per history page of an endless run (whatever the client asks for)."""
+
+
+def endless_rows(lo: int, hi: int, n: int) -> list[dict[str, Any]]:
+    """A full page of an endless history from step ``lo``."""
+    return [{"_step": s, "train/kl": 0.01, "note": "x" * 200} for s in range(lo, min(hi, lo + min(n, ENDLESS_PAGE)))]
 
 
 def _flat(row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -135,7 +152,7 @@ class WandbStub:
 
     @staticmethod
     def _run_node(run: StubRun, full: bool) -> dict[str, Any]:
-        last = max((r["_step"] for r in run.rows), default=-1)
+        last = run.last_step
         node: dict[str, Any] = {
             "projectId": "1",
             "id": f"UnVuOnYx{run.id}",
@@ -197,7 +214,7 @@ class WandbStub:
         if op == "Run":
             return 200, {"data": {"project": {"run": self._run_node(run, True)}}}  # type: ignore[arg-type]
         if op == "RunHistoryKeys":
-            last = max((r["_step"] for r in run.rows), default=-1)  # type: ignore[union-attr]
+            last = run.last_step  # type: ignore[union-attr]
             return 200, {"data": {"project": {"run": {"historyKeys": {"lastStep": last, "keys": {}}}}}}
         if op == "RunParquetHistory":
             assert run is not None
@@ -210,7 +227,8 @@ class WandbStub:
         if op == "HistoryPage":
             assert run is not None
             lo, hi, n = int(v["minStep"]), int(v["maxStep"]), int(v["pageSize"])
-            rows = [r for r in run.rows[run.exported_rows:] if lo <= r["_step"] < hi][:n]
+            rows = (endless_rows(lo, hi, n) if run.endless else
+                    [r for r in run.rows[run.exported_rows:] if lo <= r["_step"] < hi][:n])
             return 200, {"data": {"project": {"run": {"history": [json.dumps(r) for r in rows]}}}}
         if op == "SampledHistoryPage":
             assert run is not None
@@ -257,6 +275,7 @@ class WandbStub:
             def _fault(self, history: bool = False) -> bool:
                 if stub.fault == "hang" or (history and stub.fault == "hang_history"):
                     stub._stop.wait()
+                    self.close_connection = True  # never answered: the client sees the connection end
                     return True
                 if stub.fault == "500":
                     self._send(500, b'{"errors":[{"message":"stub: internal server error"}]}')

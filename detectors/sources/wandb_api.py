@@ -11,6 +11,12 @@ and a watchdog gives up when nothing has come back for longer than a request may
 unreachable, failing or hanging server, or rejected credentials, become ``SourceRead.errors`` with
 a message naming the server; a run that cannot be read becomes a Segment with ``error`` set; the
 reader never raises.
+
+The SOURCE's read budget (``limits``, issue 12) bounds the whole read: its deadline is checked
+between requests and rows, and the watchdog gives up at it whatever the client is waiting for; the
+rows, configs and summaries the client hands back are charged to its byte bound as they arrive (the
+client's own transfers are out of sight: what it decoded is what is counted), so a server whose
+history never ends stops at the bound.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from typing import Any
 import numpy as np
 
 from ..model import Segment, Series, SourceError, SourceRead
+from .limits import Budget, LimitExceeded, current_budget
+from .mlflow_local import finite_or_nan
 
 SPEC = re.compile(r"^wandb://([^/#]+)/([^/#]+)(?:/([^/#]+))?/?$")
 KIND = "wandb-api"
@@ -117,11 +125,13 @@ def _api_key(url: str) -> str | None:
         return None
 
 
-def make_api(*, timeout: float, retries: int, api_key: str) -> Any:
+def make_api(*, timeout: float, retries: int, api_key: str, lock_wait: float = -1) -> Any:
     """``wandb.Api`` whose wandb-core requests time out and give up in bounded time.
 
     ``wandb.Api`` copies the global wandb settings when it is created, so the bounds are set on
-    those settings just for that moment (settings the user chose are left as they are).
+    those settings just for that moment (settings the user chose are left as they are). Creating it
+    asks the server who the key belongs to; while another read waits for that answer, this one waits
+    at most ``lock_wait`` seconds (the SOURCE's time left) for its turn.
     """
     import wandb
     from wandb.sdk import wandb_setup
@@ -137,7 +147,9 @@ def make_api(*, timeout: float, retries: int, api_key: str) -> Any:
         "x_file_transfer_retry_wait_min_seconds": wait_min,
         "x_file_transfer_retry_wait_max_seconds": wait_max,
     }
-    with _SETTINGS_LOCK:
+    if not _SETTINGS_LOCK.acquire(timeout=lock_wait):
+        raise TimeoutError("timed out waiting for another read of a W&B server to set up its client")
+    try:
         settings = wandb_setup.singleton().settings
         saved = {k: getattr(settings, k, None) for k in bounds}
         try:
@@ -150,6 +162,8 @@ def make_api(*, timeout: float, retries: int, api_key: str) -> Any:
             for k, v in saved.items():
                 if k in type(settings).model_fields:
                     setattr(settings, k, v)
+    finally:
+        _SETTINGS_LOCK.release()
 
 
 # -- rows -> series -----------------------------------------------------------------------------
@@ -204,7 +218,7 @@ def series_from_rows(rows: list[dict[str, Any]]) -> dict[str, Series]:
     for k, (rr, vv) in cols.items():
         idx = np.asarray(rr, dtype=np.int64)
         wall = time_arr[idx]
-        series[k] = Series(step_arr[idx], np.asarray(vv, dtype=np.float64), None if np.isnan(wall).all() else wall)
+        series[k] = Series(step_arr[idx], finite_or_nan(vv), None if np.isnan(wall).all() else wall)
     return series
 
 
@@ -224,14 +238,34 @@ def _epoch(created_at: Any) -> float | None:
 # -- reading ------------------------------------------------------------------------------------
 
 
+def _size(obj: Any) -> int:
+    """Bytes a row, config or summary took to send, estimated from what the client decoded (its own
+    transfers are out of sight): each key, each string, and a number's worth for any other value.
+    Without recursion: a server's nesting may be deep."""
+    total, todo = 0, [obj]
+    while todo:
+        o = todo.pop()
+        if isinstance(o, dict):
+            total += 2 + sum(len(str(k)) for k in o)
+            todo.extend(o.values())
+        elif isinstance(o, (list, tuple)):
+            total += 2
+            todo.extend(o)
+        else:
+            total += len(o) + 2 if isinstance(o, (str, bytes)) else 12
+    return total
+
+
 class _Reader:
     """Does the reading in a worker thread; the caller watches ``progress`` and may give up."""
 
     def __init__(self, *, spec: str, entity: str, project: str, run_id: str | None, url: str,
-                 timeout: float, retries: int) -> None:
+                 timeout: float, retries: int, budget: Budget) -> None:
         self.spec, self.entity, self.project, self.run_id = spec, entity, project, run_id
         self.store = f"wandb://{entity}/{project}"
         self.url, self.timeout, self.retries = url, timeout, retries
+        self.budget = budget  # the worker thread does not see the caller's context
+        self.stopped = False
         self.lock = threading.Lock()
         self.segments: list[Segment] = []
         self.errors: list[SourceError] = []
@@ -250,8 +284,21 @@ class _Reader:
     def run(self) -> None:
         try:
             self._run()
+        except LimitExceeded as exc:  # the SOURCE's bound: the read stops here, what was read is kept
+            self.bound_passed(exc)
         except Exception as exc:  # noqa: BLE001 - never raise out of a reader
             self.fail(describe_failure(exc, url=self.url, timeout=self.timeout))
+
+    def bound_passed(self, exc: LimitExceeded) -> None:
+        """The SOURCE's bound, said once: the watchdog and the worker may both meet it."""
+        with self.lock:
+            if not self.stopped:
+                self.stopped = True
+                self.errors.append(SourceError(self.spec, f"W&B server {self.url}: {exc}"))
+
+    def charge(self, obj: Any, where: str) -> None:
+        """Count what the client handed back against the SOURCE's bytes (and check its time)."""
+        self.budget.charge(_size(obj), where)
 
     def _run(self) -> None:
         key = _api_key(self.url)
@@ -259,7 +306,10 @@ class _Reader:
             self.fail(f"no W&B credentials for {self.url}: set WANDB_API_KEY (or run `wandb login`)")
             return
         try:
-            api = make_api(timeout=self.timeout, retries=self.retries, api_key=key)
+            # no request outlives the SOURCE's deadline by much (a hung one holds the client's setup)
+            timeout = max(0.5, min(self.timeout, self.budget.remaining_seconds()))
+            api = make_api(timeout=timeout, retries=self.retries, api_key=key,
+                           lock_wait=max(0.0, self.budget.remaining_seconds()))
         except Exception as exc:  # noqa: BLE001
             self.fail(describe_failure(exc, url=self.url, timeout=self.timeout))
             return
@@ -282,10 +332,13 @@ class _Reader:
         try:
             for run in runs:  # pages are fetched as the iteration goes
                 found += 1
+                self.budget.check_time(f"{self.url} run {run.id}")
                 self.tick(f"reading run {run.id}")
                 seg = self._read_run(run)
                 with self.lock:
                     self.segments.append(seg)
+        except LimitExceeded:
+            raise
         except Exception as exc:  # noqa: BLE001 - listing failed part way
             text = str(exc).lower()
             if "project" in text and ("not find" in text or "not found" in text):
@@ -300,8 +353,10 @@ class _Reader:
         seg = Segment(kind=KIND, ref=str(run.id), source=self.spec, run_id=str(run.id),
                       name=getattr(run, "name", None) or None, group=getattr(run, "group", None) or None,
                       store=self.store)
+        where = f"{self.url} run {seg.ref}"
         try:
             seg.config = {k: v for k, v in dict(run.config).items() if not str(k).startswith("_wandb")}
+            self.charge(seg.config, where)
             seg.tags = {str(t): "" for t in (run.tags or [])}
             seg.start_time = _epoch(getattr(run, "created_at", None))
             seg.meta.update(state=getattr(run, "state", None), job_type=getattr(run, "job_type", None),
@@ -309,21 +364,43 @@ class _Reader:
                             url=getattr(run, "url", None),
                             summary={k: v for k, v in dict(run.summary_metrics).items()
                                      if not str(k).startswith("_wandb")})
+            self.charge(seg.meta["summary"], where)
             last = int(run.lastHistoryStep)
             self.tick()
             # pages are step ranges: keep their number bounded when steps are large (e.g. tokens)
             page = max(1000, (last + 1) // 500 + 1)
             rows = []
             for row in run.scan_history(page_size=page, use_cache=False):
+                self.charge(row, where)
                 rows.append(row)
                 self.progress = time.monotonic()
             seg.series = series_from_rows(rows)
             seg.meta["history_rows"] = len(rows)
+        except LimitExceeded:
+            raise  # the SOURCE's bound, not this run's fault: the read stops
         except Exception as exc:  # noqa: BLE001 - this run only
             name = f" ({seg.name})" if seg.name and seg.name != seg.ref else ""
             seg.error = f"run {seg.ref}{name}: {describe_failure(exc, url=self.url, timeout=self.timeout)}"
             seg.series = {}
         return seg
+
+
+def _watch(worker: threading.Thread, reader: _Reader, *, stall: float, budget: Budget) -> None:
+    """Wait for the worker; give up when nothing came back for ``stall`` seconds or the SOURCE's
+    deadline passed, whatever the client is waiting for (the worker is left to end on its own)."""
+    while worker.is_alive():
+        worker.join(max(0.01, min(0.2, budget.remaining_seconds() + 0.01)))
+        if not worker.is_alive():
+            return
+        if time.monotonic() - reader.progress > stall:
+            reader.fail(f"W&B server {reader.url} stopped answering while {reader.doing} (nothing for {stall:.0f} s); "
+                        "gave up")
+            return
+        try:
+            budget.check_time(f"{reader.url} while {reader.doing}")
+        except LimitExceeded as exc:
+            reader.bound_passed(exc)
+            return
 
 
 def read_wandb_api(spec: str) -> SourceRead:
@@ -337,17 +414,12 @@ def read_wandb_api(spec: str) -> SourceRead:
     entity, project, run_id = m.groups()
     timeout, retries = _limits()
     url = _base_url()
+    budget = current_budget()
     reader = _Reader(spec=spec, entity=entity, project=project, run_id=run_id, url=url, timeout=timeout,
-                     retries=retries)
+                     retries=retries, budget=budget)
     worker = threading.Thread(target=reader.run, name=f"klwatch-wandb-{entity}-{project}", daemon=True)
     worker.start()
-    stall = request_budget(timeout=timeout, retries=retries) + 2.0
-    while worker.is_alive():
-        worker.join(0.2)
-        if worker.is_alive() and time.monotonic() - reader.progress > stall:
-            reader.fail(f"W&B server {url} stopped answering while {reader.doing} (nothing for {stall:.0f} s); "
-                        "gave up")
-            break
+    _watch(worker, reader, stall=request_budget(timeout=timeout, retries=retries) + 2.0, budget=budget)
     with reader.lock:  # a worker given up on may still append later: hand back a snapshot
         out.segments = list(reader.segments)
         out.errors.extend(reader.errors)

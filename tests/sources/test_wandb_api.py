@@ -19,6 +19,7 @@ import pytest
 from wandb_stub import StubRun, WandbStub
 
 from klwatch.sources import read_source
+from klwatch.sources.limits import ReadLimits
 from klwatch.sources.wandb_api import read_wandb_api
 
 pytestmark = pytest.mark.server
@@ -193,3 +194,52 @@ def test_watchdog_gives_up_when_the_clients_own_timeouts_are_long(monkeypatch: p
     [err] = out.errors
     assert "stopped answering while reading run r1" in err.message and server.url in err.message
     assert elapsed < 60  # the stub never answers: only klwatch's bounds end the read
+
+
+# -- the SOURCE's bounds (issue 12) ---------------------------------------------------------------
+
+
+def _endless_runs() -> dict[tuple[str, str], list[StubRun]]:
+    return {("team", "rl"): [StubRun(id="e1", name="endless", rows=[{"_step": 0, "train/kl": 0.1}], endless=True)]}
+
+
+def _bounded(monkeypatch: pytest.MonkeyPatch, server: WandbStub, **limits: float) -> tuple[object, float, int]:
+    """read_source of the stub within ``limits``, the client's own timeouts far beyond the test:
+    (the read, seconds it took, peak bytes Python allocated)."""
+    import tracemalloc
+
+    monkeypatch.setenv("KLWATCH_WANDB_TIMEOUT", "600")
+    monkeypatch.setenv("WANDB_BASE_URL", server.url)
+    monkeypatch.setenv("WANDB_API_KEY", KEY)
+    tracemalloc.start()
+    start = time.monotonic()
+    try:
+        out = read_source("wandb://team/rl", limits=ReadLimits(**limits))
+        return out, time.monotonic() - start, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_server_that_never_answers_is_cut_off_at_the_source_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    with WandbStub(runs=_runs(), fault="hang") as server:
+        out, elapsed, _ = _bounded(monkeypatch, server, max_seconds=3)
+    [err] = out.errors
+    assert server.url in err.message and "took longer than 3 s" in err.message and "--max-read-seconds" in err.message
+    assert out.segments == [] and 2.5 < elapsed < 60
+
+
+def test_endless_history_stops_at_the_byte_bound_in_bounded_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    with WandbStub(runs=_endless_runs()) as server:
+        out, elapsed, peak = _bounded(monkeypatch, server, max_bytes=5_000_000, max_seconds=120)
+    [err] = out.errors
+    assert server.url in err.message and "needs more than 5,000,000 bytes" in err.message
+    assert "run e1" in err.message and "--max-read-bytes" in err.message
+    assert elapsed < 60 and peak < 200_000_000
+
+
+def test_endless_history_is_cut_off_at_the_source_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    with WandbStub(runs=_endless_runs()) as server:
+        out, elapsed, _ = _bounded(monkeypatch, server, max_seconds=3)
+    [err] = out.errors
+    assert server.url in err.message and "took longer than 3 s" in err.message
+    assert 2.5 < elapsed < 60
