@@ -20,6 +20,7 @@ from klwatch.sources import mlflow_local
 from klwatch.sources.mlflow_local import read_mlflow_sqlite, read_mlruns
 
 T0 = 1_760_000_000_000  # ms
+SAMPLE_DB = Path(__file__).resolve().parents[2] / "sample_runs" / "mlflow" / "mlflow.db"
 
 
 @dataclass
@@ -440,9 +441,21 @@ def test_fifo_and_device_in_a_run_folder_are_never_opened(tmp_path: Path, file_s
     assert bad.ref.endswith(file_store.ids["child"]) and "meta.yaml: not a regular file (a FIFO)" in bad.error
 
 
+def remove_deep(top: Path) -> None:
+    """Remove a folder chain too deep for ``shutil.rmtree`` (it recurses once per level, and pytest's
+    clean-up of old temporary folders would fail on it)."""
+    from klwatch.sources.limits import walk
+
+    for folder, _dirs, files in reversed(list(walk(top))):
+        for name in files:
+            (folder / name).unlink()
+        folder.rmdir()
+
+
 def test_a_metric_nested_1100_folders_deep_is_read_without_recursion(tmp_path: Path, file_store: Store) -> None:
     root, exp_dir = copy_mlruns(tmp_path, file_store)
-    fd = os.open(exp_dir / file_store.ids["grouped"] / "metrics", os.O_RDONLY)
+    metrics = exp_dir / file_store.ids["grouped"] / "metrics"
+    fd = os.open(metrics, os.O_RDONLY)
     try:
         for _ in range(1100):  # os.makedirs itself recurses once per level
             os.mkdir("d", dir_fd=fd)
@@ -454,7 +467,10 @@ def test_a_metric_nested_1100_folders_deep_is_read_without_recursion(tmp_path: P
         os.close(leaf)
     finally:
         os.close(fd)
-    read = read_source(str(tmp_path))
+    try:
+        read = read_source(str(tmp_path))
+    finally:
+        remove_deep(metrics / "d")
     seg = {s.run_id: s for s in read.segments}[file_store.ids["grouped"]]
     assert seg.series["/".join(["d"] * 1100 + ["kl"])].steps.tolist() == [7]
     assert not read.errors and not any(s.error for s in read.segments)
@@ -623,12 +639,11 @@ def test_sqlite_read_is_bounded_by_the_source_budget(tmp_path: Path, sqlite_stor
     read = read_source(str(sqlite_store.path), limits=ReadLimits(max_bytes=10_000))
     assert [s.error for s in read.segments if s.error] == [] and len(read.errors) == 1
     assert "--max-read-bytes" in read.errors[0].message and "mlflow.db" in read.errors[0].message
-    sample = Path(__file__).resolve().parents[2] / "sample_runs" / "mlflow" / "mlflow.db"  # big enough to be interrupted
-    budget = Budget(ReadLimits())
-    con = mlflow_local._connect(mlflow_local._uri(sample, "mode=ro"), "mlflow.db", budget)
+    budget = Budget(ReadLimits())  # on the sample store: big enough for a query to be interrupted
+    con = mlflow_local._connect(mlflow_local._uri(SAMPLE_DB, "mode=ro"), "mlflow.db", budget)
     budget.deadline = time.monotonic() - 1  # the SOURCE's deadline passed: a query under way is interrupted
     with reading(budget), pytest.raises(LimitExceeded, match="--max-read-seconds"):
-        mlflow_local._query_store(con, abspath=sample, source="x", who="mlflow.db", budget=budget)
+        mlflow_local._query_store(con, abspath=SAMPLE_DB, source="x", who="mlflow.db", budget=budget)
     con.close()
 
 
@@ -651,7 +666,8 @@ def test_infinities_logged_by_the_client_are_read_as_nan(tmp_path: Path, monkeyp
     db, files = tmp_path / "inf.db", tmp_path / "mlruns"
     log_infinities(f"sqlite:///{db}")
     log_infinities(files.as_uri())
-    assert sqlite3.connect(db).execute("SELECT MAX(value) FROM metrics").fetchone()[0] == pytest.approx(mlflow_local.MLFLOW_INF)
+    [[stored]] = sqlite3.connect(db).execute("SELECT MAX(value) FROM metrics").fetchall()
+    assert stored == pytest.approx(mlflow_local.MLFLOW_INF)  # what MLflow's SQL store writes for +inf
     for segs in (read_mlflow_sqlite(db, ref="inf.db", source="x"), read_mlruns(files, ref="mlruns", source="x")):
         vals = segs[0].series["kl"].values
         assert vals[0] == pytest.approx(0.5) and vals[3] == pytest.approx(0.25)
@@ -668,10 +684,9 @@ def test_store_with_infinities_scans_to_valid_json(tmp_path: Path) -> None:
     from mlflow import MlflowClient
     from mlflow.entities import Metric
 
-    sample = Path(__file__).resolve().parents[2] / "sample_runs" / "mlflow" / "mlflow.db"
     c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = c.create_experiment("inf")
-    for seg in read_mlflow_sqlite(sample, ref="mlflow.db", source="x"):
+    for seg in read_mlflow_sqlite(SAMPLE_DB, ref="mlflow.db", source="x"):
         if not (seg.name or "").startswith("resume-buggy"):
             continue
         run = c.create_run(exp, run_name=seg.name, start_time=int(seg.start_time * 1000), tags={"group": seg.group})
@@ -680,8 +695,9 @@ def test_store_with_infinities_scans_to_valid_json(tmp_path: Path) -> None:
                   for key, s in seg.series.items() for i, (st, v, t) in enumerate(zip(s.steps, s.values, s.wall_times))]
         for i in range(0, len(points), 900):
             c.log_batch(run.info.run_id, metrics=points[i:i + 900])
-    done = subprocess.run([sys.executable, "-c", "import sys; from klwatch.cli import main; sys.argv[0] = 'klwatch'; main()",
-                           "scan", str(tmp_path), "-f", "json"], capture_output=True, text=True, timeout=300)
+    cli = "import sys; from klwatch.cli import main; sys.argv[0] = 'klwatch'; main()"
+    done = subprocess.run([sys.executable, "-c", cli, "scan", str(tmp_path), "-f", "json"],
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode in (0, 1), done.stderr[-2000:]
     assert "Traceback" not in done.stderr
 
