@@ -26,7 +26,7 @@ import numpy as np
 import yaml
 
 from ..model import Segment, Series
-from .limits import NotRegularFile, YamlAliasRefused, load_yaml, read_regular
+from .limits import NotRegularFile, YamlRefused, load_yaml, read_regular
 from .local import ReadError
 
 LAYOUTS: list[tuple[str, re.Pattern[str]]] = [
@@ -205,7 +205,7 @@ def _read_nemo_rl(folder: Path, *, step: int, rel: str, info: dict[str, Any], go
         if isinstance(cfg, dict):
             got.config = cfg  # the newest checkpoint's config wins (checkpoints are read by step)
             got.name = _nemo_config_name(cfg) or got.name
-    except YamlAliasRefused as exc:
+    except YamlRefused as exc:
         got.warnings.append(f"{rel}/config.yaml: {exc}; skipped")
     except (OSError, ValueError, RecursionError, yaml.YAMLError) as exc:
         got.warnings.append(f"{rel}/config.yaml: cannot read YAML ({type(exc).__name__}); skipped")

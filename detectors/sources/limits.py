@@ -182,25 +182,41 @@ def walk(root: Path, *, onerror: Callable[[OSError], None] | None = None
         stack.extend(top / d for d in reversed(dirs))
 
 
-class YamlAliasRefused(ValueError):
-    """A YAML document that uses an alias (``*name``): refused, since nested aliases expand
-    exponentially (a "billion laughs" of a few hundred bytes needs gigabytes once walked)."""
+class YamlRefused(ValueError):
+    """A YAML document that uses an alias (``*name``), or nests deeper than ``YAML_MAX_DEPTH``:
+    refused, since nested aliases expand exponentially (a "billion laughs" of a few hundred bytes
+    needs gigabytes once walked) and deep nesting costs the pure-Python parser seconds before it
+    overflows the stack."""
+
+
+YamlAliasRefused = YamlRefused  # the name the readers first imported
+YAML_MAX_DEPTH = 100
+"""Far deeper than any MLflow ``meta.yaml`` or trainer ``config.yaml``."""
 
 
 def load_yaml(text: str) -> Any:
-    """``yaml.safe_load`` of ``text``, refusing aliases (``YamlAliasRefused``, naming the line):
-    the files klwatch reads (MLflow ``meta.yaml``, NeMo-RL ``config.yaml``) are written without."""
+    """``yaml.safe_load`` of ``text``, refusing aliases and deep nesting (``YamlRefused``, naming the
+    line): the files klwatch reads (MLflow ``meta.yaml``, NeMo-RL ``config.yaml``) have neither."""
     import yaml
 
-    class NoAliasLoader(yaml.SafeLoader):
-        def compose_node(self, parent: Any, index: Any) -> Any:
-            if self.check_event(yaml.AliasEvent):
-                event = self.peek_event()
-                raise YamlAliasRefused(f"YAML alias *{event.anchor} at line {event.start_mark.line + 1}: "
-                                       "aliases are refused (they can expand without bound)")
-            return super().compose_node(parent, index)
+    class BoundedLoader(yaml.SafeLoader):
+        depth = 0
 
-    loader = NoAliasLoader(text)
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent):
+                raise YamlRefused(f"YAML alias *{event.anchor} at line {event.start_mark.line + 1}: "
+                                  "aliases are refused (they can expand without bound)")
+            if self.depth >= YAML_MAX_DEPTH:
+                raise YamlRefused(f"YAML nested deeper than {YAML_MAX_DEPTH} levels at line "
+                                  f"{event.start_mark.line + 1}: refused")
+            self.depth += 1
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    loader = BoundedLoader(text)
     try:
         return loader.get_single_data()
     finally:

@@ -183,11 +183,15 @@ def test_a_yaml_alias_bomb_in_a_config_is_refused_with_a_warning_and_the_rest_is
                             "expand without bound); skipped"]
 
 
-def test_json_nested_too_deeply_is_a_warning_naming_the_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name, why", [
+    ("config.yaml", "YAML nested deeper than 100 levels at line 1: refused; skipped"),
+    ("training_info.json", "cannot read JSON (nested too deeply); this checkpoint's details are skipped"),
+])
+def test_a_file_nested_too_deeply_is_a_warning_naming_it_and_the_checkpoint_is_still_read(
+        tmp_path: Path, name: str, why: str) -> None:
     marker = tmp_path / "UNPICKLED"
     root = make_nemo_rl(tmp_path / "ckpts", marker, steps=[10])
-    (root / "step_10" / "training_info.json").write_text("[" * 100_000 + "]" * 100_000)
+    (root / "step_10" / name).write_text("[" * 100_000 + "]" * 100_000)
     (seg,) = read_checkpoint_dir(root, ref="ckpts", source=str(tmp_path))
     assert seg.checkpoint_steps == [10]
-    assert seg.warnings == ["ckpts/step_10/training_info.json: cannot read JSON (nested too deeply); this "
-                            "checkpoint's details are skipped"]
+    assert seg.warnings == [f"ckpts/step_10/{name}: {why}"]
