@@ -97,7 +97,8 @@ def _drop_torn_last_line(data: bytes, torn: Callable[[bytes, bytes], str | None]
 
 def _torn_csv_row(body: bytes, tail: bytes) -> str | None:
     """Why the CSV row ``tail`` is cut short: it does not decode or parse, has fewer fields than the
-    header, or its last cell is no number where the row above has one (``1.5e`` of ``1.5e-05``)."""
+    header, or its last cell is empty or no number where the row above has one (``1.5e`` of
+    ``1.5e-05``, or nothing after the last comma)."""
     try:
         text = tail.decode("utf-8").rstrip("\r")
     except UnicodeDecodeError:
@@ -111,8 +112,8 @@ def _torn_csv_row(body: bytes, tail: bytes) -> str | None:
     if len(row) < len(header):
         return f"{len(row)} of {len(header)} fields"
     above = next(csv.reader([lines[-1]]), []) if len(lines) > 1 else []
-    if row and above and _is_number(above[-1]) and row[-1].strip() and not _is_number(row[-1]):
-        return f"its last cell {row[-1]!r} is not a number"
+    if row and above and _is_number(above[-1]) and not _is_number(row[-1]):
+        return f"its last cell {row[-1]!r} is not a number" if row[-1].strip() else "its last cell is empty"
     return None
 
 

@@ -257,6 +257,7 @@ CSV_HEAD = "step,kl,reward\n1,0.1,1.0\n2,0.2,2.0\n"
     ("3,0.3", "2 of 3 fields"),
     ('3,0.3,"ok', "an unclosed quote"),
     ("3,0.3,1.5e", "its last cell '1.5e' is not a number"),
+    ("3,0.3,", "its last cell is empty"),
 ])
 def test_a_torn_last_csv_row_is_dropped_with_a_warning_naming_file_and_line(tmp_path: Path, tail: str,
                                                                            why: str) -> None:
