@@ -224,100 +224,105 @@ class WandbStub:
             live = [{"_step": r["_step"]} for r in run.rows[run.exported_rows:]]
             return 200, {"data": {"project": {"run": {"parquetHistory": {"parquetUrls": urls,
                                                                          "liveData": live}}}}}
-        if op == "HistoryPage":
+        if op in ("HistoryPage", "SampledHistoryPage", "RunSampledHistory", "RunFullHistory"):
             assert run is not None
+            return 200, self._history(op, run, v)
+        self.unknown.append(op)
+        return 200, {"errors": [{"message": f"stub: operation {op!r} not implemented"}], "data": None}
+
+    @staticmethod
+    def _history(op: str, run: StubRun, v: dict[str, Any]) -> dict[str, Any]:
+        """The history operations: pages of live rows, and what the sampling ``run.history()`` asks."""
+        if op == "HistoryPage":
             lo, hi, n = int(v["minStep"]), int(v["maxStep"]), int(v["pageSize"])
             rows = (endless_rows(lo, hi, n) if run.endless else
                     [r for r in run.rows[run.exported_rows:] if lo <= r["_step"] < hi][:n])
-            return 200, {"data": {"project": {"run": {"history": [json.dumps(r) for r in rows]}}}}
+            return {"data": {"project": {"run": {"history": [json.dumps(r) for r in rows]}}}}
         if op == "SampledHistoryPage":
-            assert run is not None
             spec = json.loads(v["spec"])
             lo, hi = int(spec.get("minStep", 0)), int(spec.get("maxStep", 1 << 62))
             keys = spec.get("keys") or []
             rows = [{k: r[k] for k in keys if k in r} for r in run.rows[run.exported_rows:]
                     if lo <= r["_step"] < hi and all(k in r for k in keys)]
-            return 200, {"data": {"project": {"run": {"sampledHistory": [rows]}}}}
-        if op in ("RunSampledHistory", "RunFullHistory"):  # what the sampling run.history() asks
-            assert run is not None
-            n = int(v.get("samples") or 500)
-            rows = run.rows
-            if len(rows) > n:
-                stride = len(rows) / n
-                rows = [rows[int(i * stride)] for i in range(n)]
-            if op == "RunFullHistory":
-                return 200, {"data": {"project": {"run": {"history": [json.dumps(r) for r in rows]}}}}
-            return 200, {"data": {"project": {"run": {"sampledHistory": [rows]}}}}
-        self.unknown.append(op)
-        return 200, {"errors": [{"message": f"stub: operation {op!r} not implemented"}], "data": None}
+            return {"data": {"project": {"run": {"sampledHistory": [rows]}}}}
+        n = int(v.get("samples") or 500)  # RunSampledHistory, RunFullHistory: the sampling run.history()
+        rows = run.rows
+        if len(rows) > n:
+            stride = len(rows) / n
+            rows = [rows[int(i * stride)] for i in range(n)]
+        if op == "RunFullHistory":
+            return {"data": {"project": {"run": {"history": [json.dumps(r) for r in rows]}}}}
+        return {"data": {"project": {"run": {"sampledHistory": [rows]}}}}
 
     # -- HTTP -------------------------------------------------------------------------------
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
-        stub = self
+        return type("Handler", (_Handler,), {"stub": self})
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
 
-            def log_message(self, *args: Any) -> None:  # keep test output quiet
-                pass
+class _Handler(BaseHTTPRequestHandler):
+    """The stub's HTTP side: GraphQL on POST, parquet history exports on GET, faults first."""
 
-            def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", ctype)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                except ConnectionError:  # the client gave up on this request (its timeout)
-                    self.close_connection = True
+    stub: WandbStub
+    protocol_version = "HTTP/1.1"
 
-            def _fault(self, history: bool = False) -> bool:
-                if stub.fault == "hang" or (history and stub.fault == "hang_history"):
-                    stub._stop.wait()
-                    self.close_connection = True  # never answered: the client sees the connection end
-                    return True
-                if stub.fault == "500":
-                    self._send(500, b'{"errors":[{"message":"stub: internal server error"}]}')
-                    return True
-                return False
+    def log_message(self, *args: Any) -> None:  # keep test output quiet
+        pass
 
-            def do_GET(self) -> None:  # parquet history exports
-                if self._fault(history=True):
-                    return
-                m = re.fullmatch(r"/files/([^/]+)/([^/]+)/([^/]+)/history\.parquet", self.path)
-                run = stub._find(m.group(1), m.group(2), m.group(3)) if m else None
-                if run is None:
-                    self._send(404, b"not found", "text/plain")
-                    return
-                stub.operations.append("GET history.parquet")
-                self._send(200, _parquet_bytes(run.rows[: run.exported_rows]), "application/octet-stream")
+    def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except ConnectionError:  # the client gave up on this request (its timeout)
+            self.close_connection = True
 
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if not self.path.startswith("/graphql"):  # client telemetry and the like
-                    self._send(200, b"{}")
-                    return
-                payload = json.loads(body or b"{}")
-                query = payload.get("query") or ""
-                m = OPERATION.search(query)
-                op = payload.get("operationName") or (m.group(1) if m else "?")
-                stub.operations.append(op)
-                if self._fault(history=op in ("HistoryPage", "SampledHistoryPage")):
-                    return
-                if stub.fault == "401" or (stub.api_key is not None and not self._key_ok()):
-                    self._send(401, b'{"errors":[{"message":"stub: invalid API key"}]}')
-                    return
-                status, out = stub.graphql(op, payload.get("variables") or {}, query)
-                self._send(status, json.dumps(out).encode())
+    def _fault(self, history: bool = False) -> bool:
+        if self.stub.fault == "hang" or (history and self.stub.fault == "hang_history"):
+            self.stub._stop.wait()
+            self.close_connection = True  # never answered: the client sees the connection end
+            return True
+        if self.stub.fault == "500":
+            self._send(500, b'{"errors":[{"message":"stub: internal server error"}]}')
+            return True
+        return False
 
-            def _key_ok(self) -> bool:
-                import base64
+    def do_GET(self) -> None:  # parquet history exports
+        if self._fault(history=True):
+            return
+        m = re.fullmatch(r"/files/([^/]+)/([^/]+)/([^/]+)/history\.parquet", self.path)
+        run = self.stub._find(m.group(1), m.group(2), m.group(3)) if m else None
+        if run is None:
+            self._send(404, b"not found", "text/plain")
+            return
+        self.stub.operations.append("GET history.parquet")
+        self._send(200, _parquet_bytes(run.rows[: run.exported_rows]), "application/octet-stream")
 
-                auth = self.headers.get("Authorization") or ""
-                if not auth.startswith("Basic "):
-                    return False
-                user_pass = base64.b64decode(auth[6:]).decode()
-                return user_pass.split(":", 1)[-1] == stub.api_key
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if not self.path.startswith("/graphql"):  # client telemetry and the like
+            self._send(200, b"{}")
+            return
+        payload = json.loads(body or b"{}")
+        query = payload.get("query") or ""
+        m = OPERATION.search(query)
+        op = payload.get("operationName") or (m.group(1) if m else "?")
+        self.stub.operations.append(op)
+        if self._fault(history=op in ("HistoryPage", "SampledHistoryPage")):
+            return
+        if self.stub.fault == "401" or (self.stub.api_key is not None and not self._key_ok()):
+            self._send(401, b'{"errors":[{"message":"stub: invalid API key"}]}')
+            return
+        status, out = self.stub.graphql(op, payload.get("variables") or {}, query)
+        self._send(status, json.dumps(out).encode())
 
-        return Handler
+    def _key_ok(self) -> bool:
+        import base64
+
+        auth = self.headers.get("Authorization") or ""
+        if not auth.startswith("Basic "):
+            return False
+        user_pass = base64.b64decode(auth[6:]).decode()
+        return user_pass.split(":", 1)[-1] == self.stub.api_key
