@@ -300,7 +300,7 @@ class RestClient:
         """(status, body) of one attempt; its socket timeouts capped by the time the SOURCE has left."""
         left = self.budget.remaining_seconds()
         timeout = (max(0.001, min(self.connect_timeout, left)), max(0.001, min(self.timeout, left)))
-        capped = timeout[1] < self.timeout
+        capped = timeout[1] < self.timeout  # a read timeout then means the SOURCE's deadline
         try:
             resp = self._session().request(method, self.base + route, timeout=timeout, stream=True, **kwargs)
         except requests.exceptions.SSLError as exc:
@@ -308,7 +308,7 @@ class RestClient:
             raise ServerError(f"{self.where}: TLS handshake failed ({str(exc)[:200]}); for a private "
                               "CA set MLFLOW_TRACKING_SERVER_CERT_PATH", transport=True) from exc
         except requests.exceptions.ConnectTimeout as exc:
-            self._check_deadline(route, capped)
+            self._check_deadline(route, timeout[0] < self.connect_timeout)
             raise _Dropped(f"{self.where}: could not connect within {self.connect_timeout:g}s") from exc
         except requests.exceptions.ReadTimeout as exc:
             self._check_deadline(route, capped)
@@ -355,9 +355,10 @@ class RestClient:
 
     def _check_deadline(self, route: str, capped: bool = False) -> None:
         """Raise LimitExceeded when a failure came from the SOURCE's deadline: its sockets shut down,
-        or a socket timeout that was the time left."""
-        if capped or self.sockets.closed or self.budget.remaining_seconds() <= 0:
-            time.sleep(max(0.0, self.budget.remaining_seconds()) + 0.001)
+        or a socket timeout that was the time left (``capped``) and ran out."""
+        left = self.budget.remaining_seconds()
+        if self.sockets.closed or left <= 0 or (capped and left < 0.5):
+            time.sleep(max(0.0, left) + 0.001)  # a timeout may fire a hair before the deadline
             self.budget.check_time(f"{self.where} {route}")
 
     def _json(self, body: bytearray, route: str) -> dict[str, Any]:
