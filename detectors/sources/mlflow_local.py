@@ -228,40 +228,47 @@ def _copy_file(src: Path, dst: Path, budget: Budget) -> None:
             out.write(chunk)
 
 
-def _private_copy(db: Path, into: Path, who: str, budget: Budget) -> Path:
-    """Copy db and wal into ``into`` as a consistent pair: the db unchanged and the wal's header
-    (its salts) unchanged while both were copied, so frames appended meanwhile are harmless (SQLite
-    stops at the first incomplete one) but a checkpoint or a restarted wal is copied again."""
-    wal, copy = _wal_of(db), into / "store.db"
+def _private_copy(db: Path, suffix: str, into: Path, who: str, budget: Budget) -> Path:
+    """Copy the db and its ``-wal`` or ``-journal`` (``suffix``) into ``into`` as a consistent pair:
+    the db unchanged and the sidecar's header (a wal's salts) unchanged while both were copied, so
+    frames appended meanwhile are harmless (SQLite stops at the first incomplete one) but a
+    checkpoint or a restarted wal is copied again."""
+    side, copy = db.with_name(db.name + suffix), into / "store.db"
     for _ in range(SQLITE_ATTEMPTS):
-        before = _stat_key(db), _wal_header(wal)
+        before = _stat_key(db), _sidecar_header(side)
         _copy_file(db, copy, budget)
-        _copy_file(wal, _wal_of(copy), budget)
-        if (_stat_key(db), _wal_header(wal)) == before:
+        if before[1]:
+            _copy_file(side, copy.with_name(copy.name + suffix), budget)
+        if (_stat_key(db), _sidecar_header(side)) == before:
             return copy
     raise ReadError(f"{who}: the store kept changing while it was copied to be read; try again when "
                     "its writer pauses")
 
 
-def _wal_header(wal: Path) -> bytes:
+def _sidecar_header(side: Path) -> bytes:
     try:
-        return _head(wal, 32)
+        return _head(side, 32)
     except FileNotFoundError:
         return b""
 
 
+class _HotJournal(Exception):
+    """A rollback journal left by a writer that died mid-transaction: only a writer may roll it back."""
+
+
 @contextlib.contextmanager
-def _snapshot(path: Path, who: str, budget: Budget) -> Iterator[tuple[sqlite3.Connection, str]]:
+def _snapshot(path: Path, who: str, budget: Budget, *, private: bool = False
+              ) -> Iterator[tuple[sqlite3.Connection, str]]:
     """A connection reading the store as it is, creating and touching nothing, and how it was
     opened: ``ro`` (rollback journal: shared locks only), ``immutable`` (WAL with nothing in the
-    wal: no locks, no ``-shm``) or ``copy`` (WAL with frames: a private copy of db + wal, beside
-    which SQLite may build its index)."""
+    wal: no locks, no ``-shm``) or ``copy`` (WAL with frames, or ``private``: a private copy of the
+    db and its wal or journal, beside which SQLite may build its index or roll back)."""
     head = _head(path, 100)
     if not head.startswith(SQLITE_HEADER):
         raise ReadError(f"{who}: not a SQLite database")
     wal_mode = len(head) >= 20 and 2 in (head[18], head[19])
     wal = _stat_key(_wal_of(path))
-    if not wal_mode or wal is None or wal[1] == 0:
+    if not private and (not wal_mode or wal is None or wal[1] == 0):
         mode = "immutable" if wal_mode else "ro"
         budget.charge(os.stat(path).st_size, who)
         con = _connect(_uri(path, "mode=ro&immutable=1" if wal_mode else "mode=ro"), who, budget)
@@ -271,7 +278,7 @@ def _snapshot(path: Path, who: str, budget: Budget) -> Iterator[tuple[sqlite3.Co
             con.close()
         return
     with tempfile.TemporaryDirectory(prefix="klwatch-sqlite-", ignore_cleanup_errors=True) as tmp:
-        copy = _private_copy(path, Path(tmp), who, budget)
+        copy = _private_copy(path, "-wal" if wal_mode else "-journal", Path(tmp), who, budget)
         con = _connect(_uri(copy, "mode=rw"), who, budget)
         try:
             yield con, "copy"
@@ -285,10 +292,15 @@ def read_mlflow_sqlite(path: Path, *, ref: str, source: str) -> list[Segment]:
     abspath = Path(path).resolve()
     who = _who(Path(path), ref)
     budget = current_budget()
+    private = False
     for _ in range(SQLITE_ATTEMPTS):
         before = _stat_key(abspath), _stat_key(_wal_of(abspath))
-        with _snapshot(abspath, who, budget) as (con, mode):
-            segs = _query_store(con, abspath=abspath, source=source, who=who, budget=budget)
+        with _snapshot(abspath, who, budget, private=private) as (con, mode):
+            try:
+                segs = _query_store(con, abspath=abspath, source=source, who=who, budget=budget)
+            except _HotJournal:
+                private = True  # read what was committed: the journal rolled back in a private copy
+                continue
         # immutable=1 trusts that nothing writes meanwhile: a live writer's change means read again
         if mode != "immutable" or (_stat_key(abspath), _stat_key(_wal_of(abspath))) == before:
             return segs
@@ -305,6 +317,8 @@ def _query_store(con: sqlite3.Connection, *, abspath: Path, source: str, who: st
         msg = str(exc)
         if "interrupt" in msg:
             budget.check_time(who)  # raises LimitExceeded: the SOURCE's deadline passed
+        if getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY_ROLLBACK":
+            raise _HotJournal(msg) from exc
         if "locked" in msg or "busy" in msg:
             raise ReadError(
                 f"{who}: the MLflow SQLite store is locked by another process (waited "

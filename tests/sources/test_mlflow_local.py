@@ -545,6 +545,38 @@ def test_wal_store_without_a_wal_is_read_immutable_creating_nothing(tmp_path: Pa
     assert not read.errors and by_name(read.segments)["grpo-7b"].series["wal_only"].steps.tolist() == [0, 1, 2, 3, 4]
 
 
+_DIE_MID_TRANSACTION = """
+import os, sqlite3, sys
+con = sqlite3.connect(sys.argv[1], isolation_level=None)
+con.execute("PRAGMA cache_size=5")  # pages spill into the db before the commit
+con.execute("BEGIN")
+run = con.execute("SELECT run_uuid FROM runs LIMIT 1").fetchone()[0]
+for i in range(20000):
+    con.execute("INSERT INTO metrics (key, value, timestamp, run_uuid, step, is_nan) VALUES ('spill', 1, ?, ?, ?, 0)",
+                (i, run, i))
+os._exit(9)  # as kill -9 does: no rollback, the journal left hot
+"""
+
+
+def test_a_store_whose_writer_died_mid_transaction_reads_as_committed_touching_nothing(
+        tmp_path: Path, sqlite_store: Store) -> None:
+    """A hot rollback journal (a training killed while MLflow committed) needs a writer to roll it
+    back: read-only SQLite refuses the store, so it is read from a private copy where it rolls back."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "mlflow.db"
+    db.write_bytes(sqlite_store.path.read_bytes())
+    subprocess.run([sys.executable, "-c", _DIE_MID_TRANSACTION, str(db)], timeout=120)
+    assert (tmp_path / "mlflow.db-journal").stat().st_size > 0
+    before = file_states(tmp_path)
+    read = read_source(str(tmp_path))
+    assert file_states(tmp_path) == before
+    assert not read.errors and not any(s.error for s in read.segments)
+    assert {s.run_id for s in read.segments} == {sqlite_store.ids[k] for k in ("resumed", "child", "grouped")}
+    assert not any("spill" in s.series for s in read.segments)  # the uncommitted rows are not read
+
+
 _READ_AS_NOBODY = """
 import json, sys
 from klwatch.sources import read_source
