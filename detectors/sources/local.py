@@ -178,9 +178,9 @@ def discover(root: Path, *, spec: str, warnings: list[str] | None = None) -> tup
         budget.check_time(str(dirpath))
         unit = _folder_unit(dirpath)
         if unit is None and looks_like_wandb_run_dir(dirpath) and not any(
-                n.endswith(".wandb") for n in dirnames + filenames):
-            message = (f"{_rel(dirpath, base, spec)}: a W&B run folder with no .wandb log (deleted, or the "
-                       "run never started logging); nothing read from it")
+                n.endswith(".wandb") for n in dirnames + filenames):  # said, then walked into as before
+            message = (f"{spec if dirpath == root else _rel(dirpath, base, spec)}: a W&B run folder with no "
+                       ".wandb log (deleted, or the run never started logging); nothing read from it")
             if dirpath == root:
                 errors.append(SourceError(spec, message, ref=str(dirpath)))
             else:

@@ -581,8 +581,8 @@ def test_a_wandb_run_folder_without_its_log_is_a_warning_naming_it_and_an_error_
                              "(deleted, or the run never started logging); nothing read from it"]
     named = read_local(str(empty))
     assert [(e.message, e.ref) for e in named.errors] == [
-        (".: a W&B run folder with no .wandb log (deleted, or the run never started logging); nothing read "
-         "from it", str(empty))]
+        (f"{empty}: a W&B run folder with no .wandb log (deleted, or the run never started logging); nothing "
+         "read from it", str(empty))]
 
 
 def write_tables(root: Path, n: int) -> list[Path]:
