@@ -24,8 +24,8 @@ from __future__ import annotations
 import json
 import struct
 import zlib
-from itertools import repeat
 from collections.abc import Iterator
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from ..model import Segment, Series
-from .limits import path_kind, read_regular
+from .limits import current_budget, path_kind, read_regular
 from .local import ReadError
 
 FILE_HEADER = b":W&B" + struct.pack("<H", 0xBEE1)
@@ -293,34 +293,33 @@ def _bytes_at(offsets: list[int]) -> str:
     return f"byte{'s' if len(offsets) > 1 else ''} {shown}"
 
 
-def _undecodable(messages: list[bytes], schema: str) -> list[int]:
-    """The positions of the messages that do not parse alone (after a batch of them failed to parse)."""
-    bad = []
-    for i, m in enumerate(messages):
+def _decodable(messages: list[bytes], schema: str) -> tuple[list[bytes], int]:
+    """The messages that parse, and how many did not (after a batch of them failed to parse)."""
+    good = []
+    for m in messages:
         try:
             _msg(schema).FromString(m)
+            good.append(m)
         except DecodeError:
-            bad.append(i)
-    return bad
+            pass
+    return good, len(messages) - len(good)
 
 
 def _parse_joined(messages: list[bytes], schema: str, *, sep: bytes = b"",
-                  strict: bool = False) -> tuple[Any, list[bytes], list[int]]:
+                  strict: bool = False) -> tuple[Any, list[bytes], int]:
     """``messages`` joined (with ``sep`` before each) and parsed as one ``schema`` message; those that
-    do not parse alone (a good CRC over bad bytes) are dropped: (message, kept, positions dropped).
+    do not parse alone (a good CRC over bad bytes) are dropped: (message, kept, dropped).
     ``strict``: a message that does not parse is a DecodeError instead."""
     out = _msg(schema)()
     try:
         out.ParseFromString(sep + sep.join(messages) if sep else b"".join(messages))
-        return out, messages, []
+        return out, messages, 0
     except DecodeError:
         if strict:
             raise
-        bad = _undecodable(messages, schema)
-        skip = set(bad)
-        kept = [m for i, m in enumerate(messages) if i not in skip]
+        kept, dropped = _decodable(messages, schema)
         out.ParseFromString(sep + sep.join(kept) if sep else b"".join(kept))
-        return out, kept, bad
+        return out, kept, dropped
 
 
 # -- items --------------------------------------------------------------------------------------
@@ -547,7 +546,7 @@ def read_history(rows: list[bytes], *, strict: bool = False) -> tuple[dict[str, 
         return {}, warnings
     listing, rows, dropped = _parse_joined(rows, "ItemList", sep=ROW_MARK, strict=strict)
     if dropped:
-        warnings.append(f"{len(dropped)} history records with a good CRC could not be decoded; skipped")
+        warnings.append(f"{dropped} history records with a good CRC could not be decoded; skipped")
         nrows = len(rows)
     raws = list(listing.item)
     del listing
@@ -800,7 +799,9 @@ def _undecodable_records(records: list[bytes], *, path: Path, log: Path) -> list
     bad: list[tuple[int, BaseException]] = []
     mid = len(records) // 2  # the whole is known not to decode: start from its halves
     todo = [(mid, len(records)), (0, mid)] if len(records) > 1 else [(0, len(records))]
+    budget = current_budget()
     while todo:
+        budget.check_time(str(log))  # a log damaged all through costs about 2n tries: within the SOURCE's bound
         lo, hi = todo.pop()
         why = _decode_problem(records[lo:hi], path=path, log=log)
         if why is None:
