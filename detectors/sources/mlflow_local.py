@@ -203,14 +203,14 @@ def _uri(path: Path, query: str) -> str:
     return "file:" + quote(os.fsencode(path)) + "?" + query
 
 
-def _connect(uri: str, who: str, budget: Budget) -> sqlite3.Connection:
+def _connect(uri: str, budget: Budget) -> sqlite3.Connection:
     """A connection that waits for a writer's lock at most briefly and is interrupted at the
     SOURCE's deadline; text that is not UTF-8 is read with replacement characters."""
     timeout = max(0.0, min(SQLITE_BUSY_TIMEOUT_S, budget.remaining_seconds()))
     try:
         con = sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None)
     except sqlite3.Error as exc:
-        raise ReadError(f"{who}: cannot open MLflow SQLite store read-only: {exc}") from exc
+        raise ReadError(f"cannot open MLflow SQLite store read-only: {exc}") from exc
     con.text_factory = lambda b: b.decode("utf-8", "replace")
     con.set_progress_handler(lambda: int(budget.remaining_seconds() < 0), 10_000)
     return con
@@ -228,7 +228,7 @@ def _copy_file(src: Path, dst: Path, budget: Budget) -> None:
             out.write(chunk)
 
 
-def _private_copy(db: Path, suffix: str, into: Path, who: str, budget: Budget) -> Path:
+def _private_copy(db: Path, suffix: str, into: Path, budget: Budget) -> Path:
     """Copy the db and its ``-wal`` or ``-journal`` (``suffix``) into ``into`` as a consistent pair:
     the db unchanged and the sidecar's header (a wal's salts) unchanged while both were copied, so
     frames appended meanwhile are harmless (SQLite stops at the first incomplete one) but a
@@ -241,7 +241,7 @@ def _private_copy(db: Path, suffix: str, into: Path, who: str, budget: Budget) -
             _copy_file(side, copy.with_name(copy.name + suffix), budget)
         if (_stat_key(db), _sidecar_header(side)) == before:
             return copy
-    raise ReadError(f"{who}: the store kept changing while it was copied to be read; try again when "
+    raise ReadError("the store kept changing while it was copied to be read; try again when "
                     "its writer pauses")
 
 
@@ -265,21 +265,21 @@ def _snapshot(path: Path, who: str, budget: Budget, *, private: bool = False
     db and its wal or journal, beside which SQLite may build its index or roll back)."""
     head = _head(path, 100)
     if not head.startswith(SQLITE_HEADER):
-        raise ReadError(f"{who}: not a SQLite database")
+        raise ReadError("not a SQLite database")
     wal_mode = len(head) >= 20 and 2 in (head[18], head[19])
     wal = _stat_key(_wal_of(path))
     if not private and (not wal_mode or wal is None or wal[1] == 0):
         mode = "immutable" if wal_mode else "ro"
         budget.charge(os.stat(path).st_size, who)
-        con = _connect(_uri(path, "mode=ro&immutable=1" if wal_mode else "mode=ro"), who, budget)
+        con = _connect(_uri(path, "mode=ro&immutable=1" if wal_mode else "mode=ro"), budget)
         try:
             yield con, mode
         finally:
             con.close()
         return
     with tempfile.TemporaryDirectory(prefix="klwatch-sqlite-", ignore_cleanup_errors=True) as tmp:
-        copy = _private_copy(path, "-wal" if wal_mode else "-journal", Path(tmp), who, budget)
-        con = _connect(_uri(copy, "mode=rw"), who, budget)
+        copy = _private_copy(path, "-wal" if wal_mode else "-journal", Path(tmp), budget)
+        con = _connect(_uri(copy, "mode=rw"), budget)
         try:
             yield con, "copy"
         finally:
@@ -304,7 +304,7 @@ def read_mlflow_sqlite(path: Path, *, ref: str, source: str) -> list[Segment]:
         # immutable=1 trusts that nothing writes meanwhile: a live writer's change means read again
         if mode != "immutable" or (_stat_key(abspath), _stat_key(_wal_of(abspath))) == before:
             return segs
-    raise ReadError(f"{who}: the store kept changing while it was read; try again when its writer pauses")
+    raise ReadError("the store kept changing while it was read; try again when its writer pauses")
 
 
 def _query_store(con: sqlite3.Connection, *, abspath: Path, source: str, who: str,
@@ -321,14 +321,17 @@ def _query_store(con: sqlite3.Connection, *, abspath: Path, source: str, who: st
             raise _HotJournal(msg) from exc
         if "locked" in msg or "busy" in msg:
             raise ReadError(
-                f"{who}: the MLflow SQLite store is locked by another process (waited "
+                f"the MLflow SQLite store is locked by another process (waited "
                 f"{SQLITE_BUSY_TIMEOUT_S:g}s for the lock); try again when the writer is done"
             ) from exc
-        raise ReadError(f"{who}: cannot read MLflow SQLite store: {msg}") from exc
+        raise ReadError(f"cannot read MLflow SQLite store: {msg}") from exc
     except sqlite3.DatabaseError as exc:  # "file is not a database", "malformed", ...
-        raise ReadError(f"{who}: not a readable SQLite database ({exc})") from exc
+        raise ReadError(f"not a readable SQLite database ({exc})") from exc
     except sqlite3.Error as exc:
-        raise ReadError(f"{who}: cannot read MLflow SQLite store: {exc}") from exc
+        raise ReadError(f"cannot read MLflow SQLite store: {exc}") from exc
+    except UnicodeDecodeError as exc:  # SQLite's own message quotes damaged bytes (a broken schema)
+        raise ReadError("not a readable SQLite database (damaged: SQLite's error quotes bytes that are "
+                        "not UTF-8)") from exc
 
 
 # --------------------------------------------------------------------------------------------
@@ -339,7 +342,7 @@ def _columns(con: sqlite3.Connection, table: str) -> set[str]:
     return {_text(row[1]) for row in con.execute(f'PRAGMA table_info("{table}")')}
 
 
-def _check_tables(tables: set[str], who: str) -> None:
+def _check_tables(tables: set[str]) -> None:
     """A database without any of MLflow's tables is not a log; one missing ``runs`` or ``metrics``
     is a damaged (or half-migrated) store, an error naming it."""
     if not tables & MLFLOW_TABLES:
@@ -347,14 +350,14 @@ def _check_tables(tables: set[str], who: str) -> None:
                       "not an MLflow store")
     missing = [t for t in REQUIRED_TABLES if t not in tables]
     if missing:
-        raise ReadError(f"{who}: not an MLflow store (no {', '.join(missing)} table)")
+        raise ReadError(f"not an MLflow store (no {', '.join(missing)} table)")
 
 
 def _read_sqlite(con: sqlite3.Connection, *, abspath: Path, source: str, who: str) -> list[Segment]:
     """Every live run of the store, each query inside the read snapshot the caller began (it ends
     once the metrics are read)."""
     tables = {_text(r[0]) for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    _check_tables(tables, who)
+    _check_tables(tables)
     exps: dict[str, tuple[str, str]] = {}
     if "experiments" in tables:
         exps = {_text(eid): (_text(name) or _text(eid), _text(stage) or "active") for eid, name, stage in
@@ -458,7 +461,7 @@ def _sqlite_series(con: sqlite3.Connection, who: str, *, with_experiments: bool
             series[rid][key] = Series(steps[start:end], values[start:end], wall[start:end])
         start = end
     if start != len(data):  # the two queries disagree: the store changed under a non-snapshot read
-        raise ReadError(f"{who}: the store changed while it was read; try again")
+        raise ReadError("the store changed while it was read; try again")
     return series, warnings
 
 

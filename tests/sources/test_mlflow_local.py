@@ -220,7 +220,7 @@ def test_locked_sqlite_store_fails_fast_with_a_clear_error(
         with pytest.raises(ReadError) as err:
             read_mlflow_sqlite(db, ref="busy.db", source=str(db))
         assert time.monotonic() - t < 60  # the lock is never released: only the busy timeout ends the wait
-        assert "busy.db" in str(err.value) and "locked" in str(err.value)
+        assert "locked by another process" in str(err.value)  # read_unit names the file
 
         t = time.monotonic()
         read = read_source(str(tmp_path))
@@ -239,7 +239,7 @@ def test_corrupt_sqlite_store_is_an_error_naming_the_file(tmp_path: Path, sqlite
     db.write_bytes(good[:4096] + bytes(range(256)) * ((len(good) - 4096) // 256))
     with pytest.raises(ReadError) as err:
         read_mlflow_sqlite(db, ref="broken.db", source=str(db))
-    assert "broken.db" in str(err.value)
+    assert str(err.value).startswith("not a readable SQLite database")  # read_unit names the file
 
     read = read_source(str(tmp_path))
     errors = [s.error for s in read.segments if s.error]
@@ -258,7 +258,7 @@ def sqlite_with(db: Path, *statements: str) -> Path:
 
 def test_a_sqlite_file_that_is_not_an_mlflow_store_is_an_error(tmp_path: Path) -> None:
     db = sqlite_with(tmp_path / "other.db", "CREATE TABLE runs (x)")
-    with pytest.raises(ReadError, match=r"other\.db: not an MLflow store"):
+    with pytest.raises(ReadError, match=r"^not an MLflow store"):
         read_mlflow_sqlite(db, ref="other.db", source=str(db))
 
 
@@ -652,11 +652,35 @@ def test_a_store_missing_its_runs_or_metrics_table_is_an_error_naming_the_file(
     db = tmp_path / "mlflow.db"
     db.write_bytes(sqlite_store.path.read_bytes())
     sqlite_with(db, "PRAGMA foreign_keys=OFF", f"DROP TABLE {table}")
-    with pytest.raises(ReadError, match=rf"mlflow\.db: not an MLflow store \(no {table} table\)"):
+    with pytest.raises(ReadError, match=rf"^not an MLflow store \(no {table} table\)"):
         read_mlflow_sqlite(db, ref="mlflow.db", source=str(db))
     read = read_source(str(tmp_path))
     errors = [e.message for e in read.errors] + [s.error for s in read.segments if s.error]
     assert len(errors) == 1 and "mlflow.db" in errors[0] and f"no {table} table" in errors[0]
+
+
+def store_with_a_non_utf8_table_name(into: Path) -> Path:
+    """The sample store with one byte of the ``experiments`` table's name in ``sqlite_master`` made
+    0xFF (what a bit flip found by the fuzz suite did): SQLite's error quotes that byte."""
+    data = bytearray(SAMPLE_DB.read_bytes())
+    data[data.rfind(b"experiments", 0, data.find(b"CREATE TABLE experiments"))] = 0xFF
+    db = into / "mlflow.db"
+    db.write_bytes(bytes(data))
+    return db
+
+
+def test_a_damaged_schema_whose_error_is_not_utf8_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ReadError, match=r"^not a readable SQLite database \(damaged"):
+        read_mlflow_sqlite(store_with_a_non_utf8_table_name(tmp_path), ref="mlflow.db", source="x")
+
+
+@pytest.mark.xfail(strict=True, reason="local.is_mlflow_sqlite lets the UnicodeDecodeError of a damaged schema "
+                   "escape discovery (the whole SOURCE becomes 'UnicodeDecodeError: ...'); fixed there by catching "
+                   "UnicodeDecodeError (handing the file to the reader). Remove this mark then.")
+def test_a_damaged_schema_whose_error_is_not_utf8_named_directly_is_an_error_naming_it(tmp_path: Path) -> None:
+    read = read_source(str(store_with_a_non_utf8_table_name(tmp_path)))
+    errors = [e.message for e in read.errors] + [s.error for s in read.segments if s.error]
+    assert len(errors) == 1 and errors[0].startswith("mlflow.db: not a readable SQLite database (damaged")
 
 
 def test_a_sqlite_file_without_any_mlflow_table_is_not_a_log(tmp_path: Path) -> None:
@@ -672,7 +696,7 @@ def test_sqlite_read_is_bounded_by_the_source_budget(tmp_path: Path, sqlite_stor
     assert [s.error for s in read.segments if s.error] == [] and len(read.errors) == 1
     assert "--max-read-bytes" in read.errors[0].message and "mlflow.db" in read.errors[0].message
     budget = Budget(ReadLimits())  # on the sample store: big enough for a query to be interrupted
-    con = mlflow_local._connect(mlflow_local._uri(SAMPLE_DB, "mode=ro"), "mlflow.db", budget)
+    con = mlflow_local._connect(mlflow_local._uri(SAMPLE_DB, "mode=ro"), budget)
     budget.deadline = time.monotonic() - 1  # the SOURCE's deadline passed: a query under way is interrupted
     with reading(budget), pytest.raises(LimitExceeded, match="--max-read-seconds"):
         mlflow_local._query_store(con, abspath=SAMPLE_DB, source="x", who="mlflow.db", budget=budget)
