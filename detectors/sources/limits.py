@@ -148,7 +148,8 @@ def file_kind(mode: int) -> str:
     """What a file of this ``st_mode`` is, in words ("a FIFO", "a socket", ...)."""
     if stat.S_ISREG(mode):
         return "a regular file"
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"),
                        (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
         if test(mode):
             return name

@@ -77,16 +77,17 @@ def is_mlflow_sqlite(path: Path) -> bool:
         if read_regular(path, length=16) != b"SQLite format 3\x00":
             return False
         con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True, timeout=0.2)
+        con.text_factory = bytes  # a damaged schema may hold names that are not UTF-8
         try:
             names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         finally:
             con.close()
         # one of MLflow's tables is enough (a store missing another is the reader's error to name); tables
         # still only in the write-ahead log are invisible to an immutable read: the reader decides
-        return bool(names & {"metrics", "runs", "experiments"}) or path.with_name(path.name + "-wal").exists()
+        return bool(names & {b"metrics", b"runs", b"experiments"}) or path.with_name(path.name + "-wal").exists()
     except NotRegularFile:
         return False
-    except (OSError, sqlite3.Error):
+    except (OSError, ValueError, sqlite3.Error):
         return True  # a .db we cannot open: let the MLflow reader report why, naming the file
 
 

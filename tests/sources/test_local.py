@@ -646,3 +646,13 @@ def test_looking_at_a_wal_mode_store_creates_and_touches_nothing_beside_it(tmp_p
 
     assert [(u.kind, u.path) for u in units] == [("mlflow", db)] and errors == []
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == before
+
+
+def test_a_store_whose_schema_names_are_not_utf8_goes_to_the_mlflow_reader_not_a_discovery_error(
+        tmp_path: Path) -> None:
+    """A damaged schema once let UnicodeDecodeError out of discovery, failing the whole SOURCE."""
+    data = MLFLOW_DB.read_bytes()
+    at = data.index(b"tablemetricsmetrics")
+    (tmp_path / "mlflow.db").write_bytes(data[:at] + b"table\xffetricsmetrics" + data[at + 19:])
+    units, errors = discover(tmp_path, spec=str(tmp_path))
+    assert [(u.kind, u.path.name) for u in units] == [("mlflow", "mlflow.db")] and errors == []
