@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
@@ -134,10 +135,33 @@ def check_read(spec: Path, *, folder: Path, names: tuple[str, ...], size: int) -
     return read
 
 
-def report_totals(label: str) -> str:
-    """One line for the end of a fuzz module."""
-    keys = ("inputs", "clear errors", "warned", "read clean", "tracebacks", "hangs", "modified")
-    return f"{label}: " + ", ".join(f"{k} {TOTALS[k]}" for k in keys)
+class Tally:
+    """One module's share of ``TOTALS``: what its inputs gave since it started (the ``tally``
+    fixture makes one before the module's first test)."""
+
+    KEYS = ("inputs", "clear errors", "warned", "read clean", "tracebacks", "hangs", "modified")
+
+    def __init__(self) -> None:
+        self.start = Counter(TOTALS)
+
+    def counts(self) -> Counter[str]:
+        mine = Counter(TOTALS)
+        mine.subtract(self.start)
+        return mine
+
+    def line(self, label: str) -> str:
+        """``label: inputs N, clear errors N, ...`` for the end of the module (``-s`` shows it)."""
+        mine = self.counts()
+        return f"{label}: " + ", ".join(f"{k} {mine[k]}" for k in self.KEYS)
+
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tally(request: pytest.FixtureRequest) -> Iterator[Tally]:
+    """Import it into a fuzz module: what that module's inputs gave, printed at its end (``-s``)."""
+    mine = Tally()
+    yield mine
+    print("\n" + mine.line(request.module.__name__.removeprefix("test_fuzz_") + " fuzz"))
 
 
 Mutator = Callable[[bytes, int], bytes]
