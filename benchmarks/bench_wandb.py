@@ -28,10 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from klwatch.sources.wandb_log import read_records, read_wandb_run_dir  # noqa: E402
-from tests.sources.test_wandb_log import frame_wandb_log  # noqa: E402  (the tests' writer of the framing)
+from wandb_framing import frame_wandb_log  # noqa: E402  (the tests' writer of the framing)
 
 METRICS = ("train/kl_penalty", "train/reward", "train/loss")
 

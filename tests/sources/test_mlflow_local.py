@@ -674,9 +674,6 @@ def test_a_damaged_schema_whose_error_is_not_utf8_is_an_error_naming_the_file(tm
         read_mlflow_sqlite(store_with_a_non_utf8_table_name(tmp_path), ref="mlflow.db", source="x")
 
 
-@pytest.mark.xfail(strict=True, reason="local.is_mlflow_sqlite lets the UnicodeDecodeError of a damaged schema "
-                   "escape discovery (the whole SOURCE becomes 'UnicodeDecodeError: ...'); fixed there by catching "
-                   "UnicodeDecodeError (handing the file to the reader). Remove this mark then.")
 def test_a_damaged_schema_whose_error_is_not_utf8_named_directly_is_an_error_naming_it(tmp_path: Path) -> None:
     read = read_source(str(store_with_a_non_utf8_table_name(tmp_path)))
     errors = [e.message for e in read.errors] + [s.error for s in read.segments if s.error]

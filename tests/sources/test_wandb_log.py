@@ -16,7 +16,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ import pytest
 from klwatch.sources import read_source
 from klwatch.sources.local import ReadError, read_local
 from klwatch.sources.wandb_log import BLOCK, read_wandb_run_dir
+from wandb_framing import frame_wandb_log
 
 CONFIG = {"lr": 1e-6, "kl_coef": 0.05, "model": {"name": "qwen", "size": 7}}
 
@@ -298,26 +298,6 @@ def test_not_a_wandb_log_is_an_error(tmp_path: Path) -> None:
     (folder / "run-abc.wandb").write_bytes(b":W&B")
     with pytest.raises(ReadError, match="shorter than its 7-byte header"):
         read(folder)
-
-
-def frame_wandb_log(records: list[bytes]) -> bytes:
-    """LevelDB-log framing as wandb-core writes it (a test writer, independent of the reader; the
-    benchmark ``benchmarks/bench_wandb.py --assemble`` frames its records with it too)."""
-    out = bytearray(b":W&B" + struct.pack("<HB", 0xBEE1, 0))
-    for rec in records:
-        first, rest = True, rec
-        while True:
-            left = BLOCK - len(out) % BLOCK
-            if left < 7:
-                out += b"\x00" * left
-                continue
-            take, rest = rest[: left - 7], rest[left - 7:]
-            ctype = (1 if not rest else 2) if first else (4 if not rest else 3)
-            out += struct.pack("<IHB", zlib.crc32(take, zlib.crc32(bytes([ctype]))), len(take), ctype) + take
-            first = False
-            if not rest:
-                break
-    return bytes(out)
 
 
 def test_older_item_layouts_typed_values_and_removals(tmp_path: Path) -> None:
