@@ -28,9 +28,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from .alerts import Alert, Delivery, alert_line, backoff_delay, post_webhook, redact_url, scrub, slack_payload
+from .alerts import Alert, Delivery, alert_line, backoff_delay, post_webhook, slack_payload
+from .redact import redact_url, scrub
 
 
 @dataclass(frozen=True)

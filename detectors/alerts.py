@@ -1,7 +1,7 @@
 """Alerts for a judged reference reset: what one says, how it travels, and how its secrets stay hidden.
 
 A webhook URL is a credential (Slack's ``hooks.slack.com/services/T../B../XXXX`` path *is* the
-token), so nothing here ever prints one: every URL shown to a person goes through ``redact_url``,
+token), so nothing here ever prints one: every URL shown to a person goes through ``klwatch.redact.redact_url``,
 and every error message is scrubbed of the raw URL before it leaves this module.
 
 Delivery is at-least-once with backoff; the watcher's state (``klwatch.alert_store``) keeps what
@@ -14,35 +14,17 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import quote, unquote, urlencode, urlsplit, urlunsplit
 
 from .model import BoundaryVerdict, LineageResult
+from .redact import scrub
 
 ALERT_KEY_HEADER = "X-Klwatch-Alert-Key"
 _KEY_SAFE = "/:@#!$&'()*+,;=-._~"
 """Printable ASCII kept as is in an alert key (besides letters and digits): every id klwatch makes."""
-
-# Hosts whose whole path after its first segment is the secret (Slack, Discord, Teams, Google Chat).
-_HOOK_HOSTS = re.compile(r"(^|\.)(hooks\.slack(-gov)?\.com|discord(app)?\.com|webhook\.office\.com|"
-                         r"outlook\.office(365)?\.com|chat\.googleapis\.com)$", re.I)
-# On any host, what follows a segment with one of these names is a hook's id or token (Slack-style
-# ``/services/T../B../XXX``, Mattermost ``/hooks/ID``, ``/api/webhooks/ID/TOKEN``).
-_HOOK_SEGMENTS = {"services", "hooks", "hook", "webhooks", "webhook", "triggers", "workflows"}
-_TOKENISH = re.compile(r"^(?=.*\d)[A-Za-z0-9_\-]{12,}$|^[A-Za-z0-9_\-]{24,}$")
-"""A path segment that looks like a token: long and mixed with digits, or very long."""
-
-
-def _redact_path(host: str, path: str) -> str:
-    segs = path.split("/")
-    named = [i for i, seg in enumerate(segs) if seg.lower() in _HOOK_SEGMENTS]
-    keep = named[0] + 1 if named else (2 if _HOOK_HOSTS.search(host) else None)
-    if keep is not None and len(segs) > keep and any(segs[keep:]):
-        return "/".join(segs[:keep] + ["***"])
-    return "/".join("***" if _TOKENISH.match(seg) else seg for seg in segs)
 
 
 def webhook_url_problem(url: str) -> str | None:
@@ -60,51 +42,6 @@ def webhook_url_problem(url: str) -> str | None:
     if not parts.hostname:
         return "it has no host"
     return None
-
-
-def redact_url(url: str) -> str:
-    """A URL safe to print: no userinfo, no query or fragment values, no token-like path parts.
-
-    ``https://hooks.slack.com/services/T0/B0/XYZ`` -> ``https://hooks.slack.com/services/***``;
-    ``https://user:pw@example.com/hook/abc123def456ghi?token=s`` -> ``https://***@example.com/hook/***?***``.
-    """
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "***"
-    if not parts.scheme or not parts.netloc:
-        return "***"
-    host = parts.hostname or ""
-    netloc = host if ":" not in host else f"[{host}]"
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if port is not None:
-        netloc += f":{port}"
-    if parts.username is not None or parts.password is not None:
-        netloc = "***@" + netloc
-    path = _redact_path(host, parts.path)
-    return urlunsplit((parts.scheme, netloc, path, "***" if parts.query else "", "***" if parts.fragment else ""))
-
-
-def scrub(text: str, secrets: list[str]) -> str:
-    """``text`` with every secret URL, and any secret part of it (userinfo, query, token path) that
-    shows up alone (e.g. in an exception message), replaced by its redacted form."""
-    for s in sorted(secrets, key=len, reverse=True):
-        if not s:
-            continue
-        shown = redact_url(s)
-        text = text.replace(s, shown)
-        try:
-            parts, red = urlsplit(s), urlsplit(shown)
-        except ValueError:
-            continue
-        for piece, safe in ((parts.password, "***"), (parts.username, "***"), (parts.query, "***"),
-                            (parts.path, red.path)):
-            if piece and len(piece) > 3 and piece != safe:
-                text = text.replace(piece, safe)
-    return text
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ import typer
 from rich.markup import escape
 
 from .alert_store import AlertState, DeliveryConfig, Sink, StateLocked, deliver
-from .alerts import Alert, alert_from_verdict, redact_url, webhook_url_problem
+from .alerts import Alert, alert_from_verdict, webhook_url_problem
+from .redact import redact_url
 from .cli_common import ScanOptions, SourcesArg, err, error_exit, why_unwritable, with_scan_options
 from .model import ScanResult
 from .pipeline import ScanConfig, scan

@@ -9,8 +9,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from klwatch.alerts import (ALERT_KEY_HEADER, Alert, alert_line, dashboard_link, post_webhook, redact_url, scrub,
+from klwatch.alerts import (ALERT_KEY_HEADER, Alert, alert_line, dashboard_link, post_webhook,
                               slack_payload, webhook_url_problem)
+from klwatch.redact import redact_url, scrub
 
 
 ALERT = Alert(lineage_id="tensorboard:runs:grpo/7b", run="grpo-7b", step=41, resumed_from_step=40,

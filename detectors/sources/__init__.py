@@ -8,6 +8,7 @@ nothing here writes to a tracker or a store.
 from __future__ import annotations
 
 from ..model import SourceError, SourceRead
+from ..redact import redact_spec
 from .limits import Budget, LimitExceeded, ReadLimits, reading
 
 
@@ -22,7 +23,7 @@ def split_pattern(spec: str) -> tuple[str, str | None]:
 def read_source(spec: str, *, limits: ReadLimits = ReadLimits()) -> SourceRead:
     """Read one SOURCE (local path, ``wandb://``, ``mlflow://``; the ``#PATTERN`` already removed),
     within ``limits``: its bytes and wall time are bounded as a whole, whatever it holds."""
-    with reading(Budget(limits, what=spec)):
+    with reading(Budget(limits, what=redact_spec(spec))):  # its messages name the SOURCE, never its credentials
         try:
             if spec.startswith("wandb://"):
                 from .wandb_api import read_wandb_api

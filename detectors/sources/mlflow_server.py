@@ -53,6 +53,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ReadTimeoutError
 
 from ..model import Segment, Series, SourceError, SourceRead
+from ..redact import redact_spec
 from .limits import Budget, LimitExceeded, current_budget
 from .mlflow_local import PARENT_RUN_TAG, RUN_NAME_TAG, by_start_time, finite_or_nan, parse_param, run_segment
 
@@ -121,14 +122,6 @@ def parse_spec(spec: str) -> ServerSpec:
     return ServerSpec(base_url=base, experiment=exp,
                       username=unquote(parts.username) if parts.username else None,
                       password=unquote(parts.password) if parts.password else None)
-
-
-def redact(spec: str) -> str:
-    """The spec without any ``user:password@`` part."""
-    scheme, sep, rest = spec.partition("://")
-    if sep and "@" in rest.split("/", 1)[0]:
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return spec
 
 
 def _env_float(name: str, default: float) -> float:
@@ -607,7 +600,7 @@ def _series(points: Points) -> Series:
 
 def read_mlflow_server(spec: str) -> SourceRead:
     """Every active run of an MLflow tracking server (or of one experiment); never raises."""
-    safe_spec = redact(spec)
+    safe_spec = redact_spec(spec)
     out = SourceRead(spec=safe_spec)
     current_budget().what = safe_spec  # a bound's message names the SOURCE: never with its credentials
     try:
