@@ -39,7 +39,7 @@ guessed.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -660,7 +660,7 @@ class ReferenceResetDetector(Detector[ReferenceResetConfig]):
         start = self.opening(kl_pieces, scale=scale)
         schedules = reference_schedules(lineage.config, cli_steps=self.intentional_resets)
         for b in lineage.boundaries:
-            v = self._verdict_at(kl_pieces, b, scale=scale, start=start)
+            v = self._verdict_at(kl_pieces, b, scale=scale, start=start, declared=self._declared(schedules, kl_pieces, b))
             if v is None:
                 _unjudged(result, [b], "No KL logged on both sides of this boundary.")
                 continue
@@ -692,11 +692,22 @@ class ReferenceResetDetector(Detector[ReferenceResetConfig]):
         return None
 
     def _verdict_at(self, kl_pieces: Sequence[Series | None], b: Boundary, *, scale: float,
-                    start: Series | None) -> BoundaryVerdict | None:
+                    start: Series | None, declared: bool = False) -> BoundaryVerdict | None:
+        """The statistic's verdict at ``b``. A boundary a declared schedule touches is judged at the
+        detector's own reset threshold, not the user's: whether a declared reset is ``intentional``
+        must not change with ``--reset-score`` (at 1.0 it would otherwise read as no reset at all)."""
         after, before = kl_pieces[b.piece_index], _nearest_before(kl_pieces, b.piece_index)
         if after is None or before is None:
             return None
-        return judge_boundary(b, before, after, start=start, scale=scale, config=self.config)
+        config = replace(self.config, reset_score=ReferenceResetConfig.reset_score) if declared else self.config
+        return judge_boundary(b, before, after, start=start, scale=scale, config=config)
+
+    @staticmethod
+    def _declared(schedules: list[ReferenceSchedule], kl_pieces: Sequence[Series | None], b: Boundary) -> bool:
+        """Whether the run declares a reference update at ``b`` (a schedule explains it)."""
+        before = _nearest_before(kl_pieces, b.piece_index)
+        last = int(before.steps[-1]) if before is not None and len(before) else None
+        return explain_boundary(schedules, step=b.step, resumed_from=b.resumed_from_step, last_before=last) is not None
 
     def confirms_reset(self, lineage: Lineage, boundary: Boundary) -> bool:
         """Whether the KL says the reference was reset at ``boundary`` (how a pause inside one tracker

@@ -148,3 +148,21 @@ def test_a_second_resume_before_the_window_is_full_judges_the_first_on_what_it_h
         stream.update(int(s), float(v))
     cut_short = stream.resume(resumed_from_step=int(after.steps[1]))
     assert cut_short is not None and cut_short.boundary.step == int(after.steps[0])
+
+
+@pytest.mark.parametrize("reset_score", [0.5, 0.95, 1.0])
+def test_a_declared_reset_is_intentional_whatever_the_reset_threshold(reset_score):
+    """At ``--reset-score 1.0`` a declared reset used to read as no reset at all (run status ``ok``
+    while its score showed 1.00); ``intentional`` is the run's declaration, not the user's threshold."""
+    config = {"sync_ref_model": True, "ref_model_sync_steps": 60, "ref_model_mixup_alpha": 1.0}
+    detector = ReferenceResetDetector(config=ReferenceResetConfig(reset_score=reset_score))
+    result = detector.judge(_lineage(_buggy(), config=config, resumed_from=[None, 60]))
+    assert result.status == "intentional" and result.verdicts[0].verdict == "intentional"
+
+
+def test_the_reset_threshold_still_governs_undeclared_boundaries():
+    strict = ReferenceResetDetector(config=ReferenceResetConfig(reset_score=1.0))
+    [v] = strict.judge(_lineage(_buggy())).verdicts
+    default = ReferenceResetDetector().judge(_lineage(_buggy())).verdicts[0]
+    assert default.verdict == "reference_reset"
+    assert v.verdict == ("reference_reset" if v.score >= 1.0 else "inconclusive")
