@@ -161,9 +161,10 @@ def read_tensorboard_file(path: Path, *, ref: str, source: str) -> list[Segment]
     dstart, dlen = _frame(data, ref=ref, warnings=warnings)
     buf = np.frombuffer(data, dtype=np.uint8)
 
-    # Most records are one scalar: decode those with numpy, the rest with protobuf.
+    # Most records hold only scalars: decode those with numpy, the rest with protobuf.
     fast = _fast_scalars(buf, dstart=dstart, dlen=dlen)
     state = _State()
+    md_code = _fast_plugins(fast, buf=buf, state=state)
     from_string = event_pb2.Event.FromString
     slow_idx = np.flatnonzero(~fast.matched)
     for i, a, ln in zip(slow_idx.tolist(), dstart[slow_idx].tolist(), dlen[slow_idx].tolist()):
@@ -172,7 +173,8 @@ def read_tensorboard_file(path: Path, *, ref: str, source: str) -> list[Segment]
         except DecodeError as exc:
             raise ReadError(f"record {i} at byte {a - 12} is not a valid Event protobuf: {exc}") from exc
         _read_event(event, index=i, state=state, ref=ref)
-    fast_codes, fast_plugins, fast_named = _fast_tags_and_plugins(fast, buf=buf, state=state)
+    fast_codes, fast_plugins, fast_named = _fast_tags_and_plugins(fast, md_code=md_code, buf=buf,
+                                                                  state=state)
     series = _assemble(fast=fast, fast_codes=fast_codes, fast_plugins=fast_plugins,
                        fast_named=fast_named, state=state, ref=ref, warnings=warnings)
 
@@ -390,67 +392,129 @@ _INHERIT = -1
 
 
 class _Fast:
-    """Records decoded without protobuf: ``Event{wall_time, step, summary{value{tag, scalar}}}``."""
+    """Scalars decoded without protobuf, one row per point, in file order (record, then position
+    in the record's Summary): ``Event{wall_time, step, summary{value{tag, scalar}...}}``."""
 
     def __init__(self, n: int) -> None:
         empty = np.empty(0, dtype=np.int64)
         self.matched = np.zeros(n, dtype=bool)
-        self.index = self.steps = self.tag_start = self.tag_end = empty
+        """Per record: every value of it is a point below (the protobuf path skips it)."""
+        self.index = self.sub = self.steps = self.tag_start = self.tag_end = empty
         self.values = self.walls = np.empty(0, dtype=np.float64)
         self.tensor = np.empty(0, dtype=bool)
-        """A v2 float tensor (its plugin decides) rather than a ``simple_value``."""
+        """A v2 float/double tensor (its plugin decides) rather than a ``simple_value``."""
         self.md_start = self.md_end = empty
-        """The tensor's SummaryMetadata bytes (``md_start == md_end``: none)."""
+        """The value's SummaryMetadata bytes (``md_start == md_end``: none)."""
+
+    def take(self, rows: np.ndarray) -> None:
+        """Keep only the points ``rows`` (a bool mask or indices), in order."""
+        for name in ("index", "sub", "steps", "tag_start", "tag_end", "values", "walls", "tensor",
+                     "md_start", "md_end"):
+            setattr(self, name, getattr(self, name)[rows])
+
+    def drop_records(self, bad_points: np.ndarray) -> np.ndarray:
+        """Hand every record holding one of ``bad_points`` (a mask) back to the protobuf path whole
+        (an event is read by one path only, so its values keep their order and meaning); returns
+        the mask of the points kept."""
+        if not bad_points.any():
+            return np.ones(len(bad_points), dtype=bool)
+        bad = np.unique(self.index[bad_points])
+        self.matched[bad] = False
+        keep = ~np.isin(self.index, bad)
+        self.take(keep)
+        return keep
 
 
-def _varint2(buf: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A varint of one or two bytes at each position: (value, bytes used, well formed)."""
-    b0 = _byte(buf, pos).astype(np.int64)
-    b1 = _byte(buf, pos + 1).astype(np.int64)
-    two = b0 >= 0x80
-    return np.where(two, (b0 & 0x7F) | (b1 << 7), b0), np.where(two, 2, 1), ~two | (b1 < 0x80)
+def _varint(buf: np.ndarray, pos: np.ndarray, width: int = 5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A varint of at most ``width`` bytes at each position: (value, bytes used, well formed)."""
+    raw = _le(buf, pos, width).astype(np.int64)
+    term = raw < 0x80  # the last byte of a varint has its high bit clear
+    used = term.argmax(axis=1) + 1
+    value = np.zeros(len(pos), dtype=np.int64)
+    for i in range(width):
+        value |= np.where(i < used, (raw[:, i] & 0x7F) << (7 * i), 0)
+    return value, used, term.any(axis=1)
 
 
-_FLOAT_TENSOR_HEAD = np.array([0x42, 0x0A, 0x08, 0x01, 0x12, 0x00], dtype=np.uint8)
+_MAX_VALUES = 256
+"""Values per event the bulk walk follows; an event with more (none seen) goes to protobuf."""
 
 
 def _fast_scalars(buf: np.ndarray, *, dstart: np.ndarray, dlen: np.ndarray) -> _Fast:
-    """Decode, with numpy over all records at once, the records that are exactly one scalar.
+    """Decode, with numpy over all records at once, the records whose every value is a scalar.
 
-    A record is taken only when its bytes match one of these layouts completely (every field tag,
-    every length, nothing left over), so its meaning is the one protobuf would give it::
+    A record is taken only when its bytes match these layouts completely (every field tag, every
+    length, nothing left over), so its meaning is the one protobuf would give it::
 
-        09 <f64 wall_time> [10 <varint step>] 2a L1 0a L2 0a L3 <tag> VALUE
-        VALUE = 15 <f32>                                  simple_value (torch, tensorboardX)
-              | 42 0a 08 01 12 00 (2a|22) 04 <f32> [4a Lm <SummaryMetadata>]
-                                                          a DT_FLOAT scalar tensor (TF2, summary.Writer)
+        09 <f64 wall_time> [10 <varint step>] 2a L1 (0a Lv VALUE)+
+        VALUE  = 0a Lt <tag> (15 <f32> | 42 Lx TENSOR) [4a Lm <SummaryMetadata>]
+                                      simple_value (torch, tensorboardX, TF1) or a tensor:
+        TENSOR = 08 01 [12 00] (2a|22) 04 <f32>    rank-0 DT_FLOAT (TF2, summary.Writer, torch v2)
+               | 08 02 [12 00] (32|22) 08 <f64>    rank-0 DT_DOUBLE (torch double_precision)
 
-    Everything else (file_version, text, hparams, other dtypes, several values) goes to protobuf.
-    Each stage below reads one part of that layout for every candidate record at once.
+    Any number of values per event (writers that batch a step's summaries). Everything else
+    (file_version, text, hparams, histograms, images, other dtypes) goes to protobuf, the whole
+    event. Each stage reads one part of the layout for every candidate at once; the walk over an
+    event's values takes one numpy round per value position, not one Python step per value.
     """
     out = _Fast(len(dstart))
-    end = dstart + dlen
     idx = np.flatnonzero((dlen >= 20) & (_byte(buf, dstart) == 0x09))
     if not len(idx):
         return out
-    st, end = dstart[idx], end[idx]
+    st, end = dstart[idx], dstart[idx] + dlen[idx]
     walls = _le(buf, st + 1, 8).view("<f8")[:, 0]
     steps, p, ok = _fast_steps(buf, st + 9)
-    tag_start, tag_end, framed = _fast_tags(buf, p, end)
-    is_value, values, tensor, md_start = _fast_values(buf, tag_end, end)
-    ok &= framed & is_value
-
+    length, used, good = _varint(buf, p + 1)  # Event.summary: must run to the end of the record
+    ok &= (_byte(buf, p) == 0x2A) & good & (p + 1 + used + length == end)
+    rec, sub, vs, ve, ok = _fast_value_spans(buf, start=p + 1 + used, end=end, ok=ok)
+    tag_start, tag_end, tag_ok = _fast_tag(buf, vs, ve)
+    is_value, values, tensor, md_start = _fast_values(buf, tag_end, ve)
+    ok[rec[~(tag_ok & is_value)]] = False
+    keep = ok[rec]
+    rec, sub = rec[keep], sub[keep]
     out.matched[idx[ok]] = True
-    out.index = idx[ok]
-    out.steps = steps[ok]
-    out.values = values[ok]
-    out.walls = walls[ok]
-    out.tag_start = tag_start[ok]
-    out.tag_end = tag_end[ok]
-    out.tensor = tensor[ok]
-    out.md_start = md_start[ok]
-    out.md_end = end[ok]
+    out.index, out.sub = idx[rec], sub
+    out.steps, out.walls = steps[rec], walls[rec]
+    out.values, out.tensor = values[keep], tensor[keep]
+    out.tag_start, out.tag_end = tag_start[keep], tag_end[keep]
+    out.md_start, out.md_end = md_start[keep], ve[keep]
     return out
+
+
+def _fast_value_spans(buf: np.ndarray, *, start: np.ndarray, end: np.ndarray, ok: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Walk the ``Summary.value`` fields from ``start`` to ``end`` of every record at once.
+
+    Returns, per value in file order: its record (position in ``start``), its position in the
+    Summary, its byte range; and per record whether the walk framed it exactly (at least one
+    value, each a well-formed field inside the Summary, the last one ending at ``end``)."""
+    ok = ok & (start < end)
+    active = np.flatnonzero(ok)
+    pos = start.copy()
+    parts: list[tuple[np.ndarray, int, np.ndarray, np.ndarray]] = []
+    for k in range(_MAX_VALUES):
+        if not len(active):
+            break
+        p = pos[active]
+        length, used, good = _varint(buf, p + 1)
+        vs = p + 1 + used
+        good &= (_byte(buf, p) == 0x0A) & (vs + length <= end[active])
+        ok[active[~good]] = False
+        active, vs = active[good], vs[good]
+        ve = vs + length[good]
+        parts.append((active, k, vs, ve))
+        pos[active] = ve
+        active = active[ve < end[active]]
+    ok[active] = False  # more values than _MAX_VALUES
+    if not parts:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty, empty, empty, ok
+    rec = np.concatenate([a for a, _, _, _ in parts])
+    sub = np.concatenate([np.full(len(a), k, dtype=np.int64) for a, k, _, _ in parts])
+    order = np.lexsort((sub, rec))
+    vs = np.concatenate([v for _, _, v, _ in parts])[order]
+    ve = np.concatenate([v for _, _, _, v in parts])[order]
+    return rec[order], sub[order], vs, ve, ok
 
 
 def _fast_steps(buf: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -469,39 +533,38 @@ def _fast_steps(buf: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     return steps, np.where(has_step, p + 1 + vlen, p), ok
 
 
-def _fast_tags(buf: np.ndarray, p: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``Event.summary`` holding one ``Summary.value`` (each running to the record's ``end``) and
-    that value's non-empty tag: (tag start, tag end, the framing matches)."""
-    ok = np.ones(len(p), dtype=bool)
-    for field in (0x2A, 0x0A):  # Event.summary, then Summary.value: each must run to the end
-        ok &= _byte(buf, p) == field
-        length, used, good = _varint2(buf, p + 1)
-        p = p + 1 + used
-        ok &= good & (p + length == end)
-    ok &= _byte(buf, p) == 0x0A  # Value.tag
-    tag_len, used, good = _varint2(buf, p + 1)
-    tag_start = p + 1 + used
-    ok &= good & (tag_len > 0)
-    return tag_start, tag_start + tag_len, ok
+def _fast_tag(buf: np.ndarray, vs: np.ndarray, ve: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each value's leading non-empty ``Value.tag``: (tag start, tag end, framed inside the value)."""
+    tag_len, used, good = _varint(buf, vs + 1, 2)
+    tag_start = vs + 1 + used
+    tag_end = tag_start + tag_len
+    return tag_start, tag_end, (_byte(buf, vs) == 0x0A) & good & (tag_len > 0) & (tag_end < ve)
 
 
 def _fast_values(buf: np.ndarray, s: np.ndarray, end: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The value after the tag (at ``s``), up to the record's ``end``: (a scalar layout matches, its
-    number, it is a v2 float tensor rather than a ``simple_value``, where the tensor's
-    SummaryMetadata starts, ``end`` when it has none)."""
-    simple = (_byte(buf, s) == 0x15) & (s + 5 == end)
-    head = _le(buf, s, 8)
-    tensor = ((head[:, :6] == _FLOAT_TENSOR_HEAD).all(axis=1)
-              & ((head[:, 6] == 0x2A) | (head[:, 6] == 0x22)) & (head[:, 7] == 0x04))
-    u = s + 12
-    md_len, used, good = _varint2(buf, u + 1)
-    with_md = (_byte(buf, u) == 0x4A) & good & (u + 1 + used + md_len == end)
-    tensor &= (u == end) | with_md
-    value_at = np.where(simple, s + 1, s + 8)
-    values = _le(buf, value_at, 4).view("<f4")[:, 0].astype(np.float64)
-    md = with_md & tensor & ~simple
-    return simple | tensor, values, tensor & ~simple, np.where(md, u + 1 + used, end)
+    """The value after the tag (at ``s``), up to the value's ``end``: (a scalar layout matches,
+    its number, it is a v2 tensor rather than a ``simple_value``, where its SummaryMetadata
+    starts, ``end`` when it has none)."""
+    simple = _byte(buf, s) == 0x15
+    t = s + 2  # the TensorProto
+    dbl = _byte(buf, t + 1) == 2
+    shaped = (_byte(buf, t + 2) == 0x12) & (_byte(buf, t + 3) == 0)
+    q = np.where(shaped, t + 4, t + 2)  # the one number's field
+    field, size = _byte(buf, q), _byte(buf, q + 1)
+    tensor = ((_byte(buf, s) == 0x42) & (_byte(buf, t) == 0x08)
+              & np.where(dbl, (field == 0x32) | (field == 0x22), (field == 0x2A) | (field == 0x22))
+              & (size == np.where(dbl, 8, 4)) & ((_byte(buf, t + 1) == 1) | dbl)
+              & (t + _byte(buf, s + 1) == q + 2 + size))
+    after = np.where(simple, s + 5, q + 2 + size)
+    md_len, used, good = _varint(buf, after + 1)
+    with_md = (_byte(buf, after) == 0x4A) & good & (after + 1 + used + md_len == end)
+    matched = (simple | tensor) & ((after == end) | with_md)
+    at = np.where(simple, s + 1, q + 2)
+    values = _le(buf, at, 4).view("<f4")[:, 0].astype(np.float64)
+    wide = np.flatnonzero(tensor & dbl & matched)
+    values[wide] = _le(buf, at[wide], 8).view("<f8")[:, 0]
+    return matched, values, tensor & ~simple, np.where(with_md & matched, after + 1 + used, end)
 
 
 class _State:
@@ -625,12 +688,33 @@ def _distinct_slices(buf: np.ndarray, *, start: np.ndarray, end: np.ndarray) -> 
     return inverse, blobs
 
 
-def _fast_tags_and_plugins(fast: _Fast, *, buf: np.ndarray, state: _State
-                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For the bulk-decoded points: tag codes, plugin codes (from each tensor's own metadata), and
-    the (record index, 0, tag code, plugin code) rows of those whose metadata names a plugin."""
+def _fast_plugins(fast: _Fast, *, buf: np.ndarray, state: _State) -> np.ndarray:
+    """Plugin codes of the bulk-decoded points (a tensor: from its own metadata, else inherited).
+
+    An event with a value whose metadata names another plugin than ``scalars`` (hparams, text, a
+    histogram's, a custom one) is handed back to the protobuf path whole, before it runs: those
+    have side effects (config, the plugin a tag's later tensors inherit) only it handles."""
     from tensorboard.compat.proto import summary_pb2
 
+    with_md = np.flatnonzero(fast.md_start < fast.md_end)
+    group, blobs = _distinct_slices(buf, start=fast.md_start[with_md], end=fast.md_end[with_md])
+    blob_code = np.empty(len(blobs), dtype=np.int64)
+    for k, blob in enumerate(blobs):
+        try:
+            name = _plugin_name(summary_pb2.SummaryMetadata.FromString(blob))
+        except DecodeError:
+            name = "?"  # unreadable: the protobuf path reports it with its record
+        blob_code[k] = state.plugin(name) if name else _INHERIT
+    md_code = np.full(len(fast.index), _INHERIT, dtype=np.int64)
+    md_code[with_md] = blob_code[group]
+    scalars = state.plugin("scalars")
+    return md_code[fast.drop_records((md_code != _INHERIT) & (md_code != scalars))]
+
+
+def _fast_tags_and_plugins(fast: _Fast, *, md_code: np.ndarray, buf: np.ndarray, state: _State
+                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For the bulk-decoded points: tag codes, plugin codes, and the (record index, position, tag
+    code, plugin code) rows of those whose metadata names a plugin."""
     group, blobs = _distinct_slices(buf, start=fast.tag_start, end=fast.tag_end)
     blob_code = np.empty(len(blobs), dtype=np.int64)
     for k, t in enumerate(blobs):
@@ -639,22 +723,9 @@ def _fast_tags_and_plugins(fast: _Fast, *, buf: np.ndarray, state: _State
         except UnicodeDecodeError as exc:
             raise ReadError(f"a scalar's tag is not valid UTF-8: {t!r}") from exc
     codes = blob_code[group]
-
-    plugins = np.where(fast.tensor, _INHERIT, _SIMPLE).astype(np.int64)
-    with_md = np.flatnonzero(fast.md_start < fast.md_end)
-    group, blobs = _distinct_slices(buf, start=fast.md_start[with_md], end=fast.md_end[with_md])
-    blob_code = np.empty(len(blobs), dtype=np.int64)
-    for k, blob in enumerate(blobs):
-        try:
-            name = _plugin_name(summary_pb2.SummaryMetadata.FromString(blob))
-        except DecodeError as exc:
-            first = int(fast.index[with_md[np.flatnonzero(group == k)[0]]])
-            raise ReadError(f"record {first}: unreadable summary metadata: {exc}") from exc
-        blob_code[k] = state.plugin(name) if name else _INHERIT
-    plugins[with_md] = blob_code[group]
-    named = with_md[plugins[with_md] >= 0]
-    named_rows = np.stack([fast.index[named], np.zeros(len(named), np.int64), codes[named],
-                           plugins[named]], axis=1)
+    plugins = np.where(fast.tensor, md_code, _SIMPLE).astype(np.int64)
+    named = np.flatnonzero(md_code >= 0)
+    named_rows = np.stack([fast.index[named], fast.sub[named], codes[named], md_code[named]], axis=1)
     return codes, plugins, named_rows
 
 
@@ -689,7 +760,7 @@ def _assemble(*, fast: _Fast, fast_codes: np.ndarray, fast_plugins: np.ndarray,
               fast_named: np.ndarray, state: _State, ref: str, warnings: list[str]) -> dict[str, Series]:
     """Merge both paths back into file order and cut one Series per tag (first-seen tag first)."""
     index = np.concatenate([fast.index, np.asarray(state.index, dtype=np.int64)])
-    sub = np.concatenate([np.zeros(len(fast.index), np.int64), np.asarray(state.sub, np.int64)])
+    sub = np.concatenate([fast.sub, np.asarray(state.sub, np.int64)])
     codes = np.concatenate([fast_codes, np.asarray(state.codes, dtype=np.int64)])
     plugins = np.concatenate([fast_plugins, np.asarray(state.plugins, dtype=np.int64)])
     steps = np.concatenate([fast.steps, np.asarray(state.steps, dtype=np.int64)])
