@@ -145,7 +145,7 @@ def test_records_of_both_paths_merge_in_file_order(tmp_path: Path) -> None:
     events = []
     for step in range(6):
         ev = event_pb2.Event(step=step, wall_time=T0 + step)
-        if step % 3 == 1:  # two values in one event: not the bulk layout
+        if step % 3 == 1:  # two values in one event
             ev.summary.value.add(tag="kl", simple_value=step)
             ev.summary.value.add(tag="other", simple_value=-step)
         elif step % 3 == 2:
@@ -161,6 +161,22 @@ def test_records_of_both_paths_merge_in_file_order(tmp_path: Path) -> None:
     assert seg.series["kl"].values.tolist() == [0, 1, 2, 3, 4, 5, 9]
     assert seg.series["kl"].wall_times.tolist() == [T0 + s for s in range(6)] + [0.0]
     assert seg.series["other"].values.tolist() == [-1, -4]
+
+
+def test_an_event_whose_tensor_names_the_hparams_plugin_is_read_whole_by_protobuf(tmp_path: Path) -> None:
+    """A float scalar tensor carrying hparams metadata, beside a plain scalar in the same event:
+    the hparams are config, the tensor no series, the scalar a series."""
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    data = plugin_data_pb2.HParamsPluginData(version=0)
+    data.session_start_info.hparams["lr"].number_value = 0.5
+    md = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(
+        plugin_name="hparams", content=data.SerializeToString()))
+    ev = scalar_event("_hparams_/session_start_info", 1, T0, tensor_util.make_tensor_proto(np.float32(0)), md)
+    ev.summary.value.add(tag="kl", simple_value=0.25)
+    seg = read_one(write_events(tmp_path, [ev]), tmp_path)
+    assert seg.config == {"lr": 0.5}
+    assert list(seg.series) == ["kl"] and seg.series["kl"].values.tolist() == [0.25]
 
 
 def test_a_record_shaped_like_a_plain_scalar_but_holding_another_field_is_not_one(
