@@ -2,6 +2,12 @@
 
     python benchmarks/bench_tensorboard.py [--points 100000] [--tags 4] [--repeat 3]
                                            [--writer tensorboardX|summary.Writer]
+    python benchmarks/bench_tensorboard.py --fleet [--runs 100] [--steps 4000] [--repeat 1]
+
+``--fleet`` writes a fleet of runs (one event file each, five tags per step), once with each
+event holding the five tags of one step (as writers that batch a step's summaries write) and
+once with one tag per event, and reads every file with klwatch, tbparse and a bare protobuf loop
+(``Event.FromString`` of each record, no CRC check), printing the ratios (issue 14).
 
 Compares klwatch's reader (klwatch.sources.tensorboard) with tbparse's SummaryReader and with
 TensorBoard's EventAccumulator(size_guidance={"scalars": 0}) (the setting that keeps every point).
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import struct
 import subprocess
 import sys
 import tempfile
@@ -119,6 +126,72 @@ def _child_peak(name: str, path: Path) -> None:
     print(peak / 2**20)
 
 
+FLEET_TAGS = ["train/loss", "train/reward", "train/kl_penalty", "train/entropy", "train/lr"]
+
+
+def write_fleet(*, root: Path, runs: int, steps: int, batched: bool) -> list[Path]:
+    """``runs`` run folders of one event file each, five tags per step, through tensorboardX's file
+    writer: one Summary of five ``simple_value``s per step (``batched``), else one per tag."""
+    from tensorboardX import SummaryWriter
+    from tensorboardX.proto.summary_pb2 import Summary
+
+    paths = []
+    for r in range(runs):
+        writer = SummaryWriter(str(root / f"run{r:04d}"), max_queue=100_000, flush_secs=3600)
+        for step in range(steps):
+            vals = [Summary.Value(tag=t, simple_value=0.001 * step + j + r) for j, t in enumerate(FLEET_TAGS)]
+            for group in ([vals] if batched else [[v] for v in vals]):
+                writer.file_writer.add_summary(Summary(value=group), step, 1.7e9 + step)
+        writer.close()
+        paths.extend((root / f"run{r:04d}").glob("events.out.tfevents.*"))
+    return paths
+
+
+def read_bare_protobuf(*, path: Path) -> int:
+    """The floor: follow the lengths and parse every record with protobuf, touching each scalar."""
+    from tensorboard.compat.proto import event_pb2
+
+    data = path.read_bytes()
+    parse = event_pb2.Event.FromString
+    pos, count = 0, 0
+    while pos + 12 <= len(data):
+        (length,) = struct.unpack_from("<Q", data, pos)
+        for v in parse(data[pos + 12:pos + 12 + length]).summary.value:
+            if v.WhichOneof("value") == "simple_value":
+                count += 1
+        pos += length + 16
+    return count
+
+
+FLEET_READERS: dict[str, Callable[..., int]] = {
+    "klwatch": read_ours, "tbparse": read_tbparse, "bare protobuf loop": read_bare_protobuf}
+
+
+def bench_fleet(*, runs: int, steps: int, repeat: int) -> None:
+    """Both fleet layouts, each read by every reader in the same run; times are best of ``repeat``."""
+    for batched in (True, False):
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            paths = write_fleet(root=Path(tmp), runs=runs, steps=steps, batched=batched)
+            size = sum(p.stat().st_size for p in paths)
+            layout = "five tags per event" if batched else "one tag per event"
+            print(f"\nfleet, {layout}: {runs} runs x {steps:,} steps x 5 tags "
+                  f"({runs * steps * 5:,} scalars, {size / 2**20:.1f} MiB), written in "
+                  f"{time.perf_counter() - t0:.1f} s", flush=True)
+            times: dict[str, float] = {}
+            for name, fn in FLEET_READERS.items():
+                best, counts = float("inf"), set()
+                for _ in range(repeat):
+                    t0 = time.perf_counter()
+                    counts.add(sum(fn(path=p) for p in paths))
+                    best = min(best, time.perf_counter() - t0)
+                times[name] = best
+                print(f"  {name:<22}{best:>9.3f} s  points {counts}", flush=True)
+            ours = times["klwatch"]
+            print(f"  klwatch vs tbparse: {times['tbparse'] / ours:.1f}x faster (target >= 5x); "
+                  f"klwatch / bare loop: {ours / times['bare protobuf loop']:.2f}x (target <= 3x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--points", type=int, default=100_000)
@@ -126,11 +199,17 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--writer", choices=["tensorboardX", "summary.Writer"], default="tensorboardX",
                         help="simple_value scalars (tensorboardX, as torch) or v2 tensor scalars")
+    parser.add_argument("--fleet", action="store_true", help="the fleet benchmark of issue 14")
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--peak-of", nargs=2, metavar=("READER", "FILE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     if args.peak_of:
         _child_peak(args.peak_of[0], Path(args.peak_of[1]))
+        return
+    if args.fleet:
+        bench_fleet(runs=args.runs, steps=args.steps, repeat=args.repeat)
         return
 
     with tempfile.TemporaryDirectory() as tmp:
