@@ -9,10 +9,11 @@ crc32c(data)``, little-endian, each ``data`` a serialized ``tensorboard.Event``.
 (a long run is millions of points), so the per-record Python work is kept to the one sequential
 step, following the lengths. CRCs are computed with numpy over all records of one length at once
 (length headers, and the short scalar records, which come in a handful of lengths), and with
-``google-crc32c`` (C) for the rest. Records that are exactly one scalar (a ``simple_value`` as
-torch and tensorboardX write, or a float tensor as TF2 and ``tensorboard.summary.Writer`` write)
-are decoded with numpy in bulk after an exact byte-layout match; all others (text, hparams, other
-dtypes) are parsed with the ``tensorboard`` protobufs.
+``google-crc32c`` (C) for the rest. Records whose every value is a scalar (one or several per
+event: ``simple_value``s as torch and tensorboardX write, rank-0 float or double tensors as TF2,
+torch ``new_style`` and ``tensorboard.summary.Writer`` write) are decoded with numpy in bulk after
+an exact byte-layout match; all others (text, hparams, histograms, other dtypes) are parsed with
+the ``tensorboard`` protobufs.
 Each event file becomes one Segment: a restart writes a new file, so a file is a process.
 """
 
