@@ -1,15 +1,19 @@
 """klwatch dashboard: every training run, every resume boundary, the KL drop you cannot miss.
 
-    streamlit run dashboard/app.py -- [SOURCE...]      (or: klwatch dashboard [SOURCE...])
+    streamlit run dashboard/app.py -- [--allow-add ROOT_OR_HOST]... [SOURCE...]
+    (or: klwatch dashboard [--allow-add ROOT_OR_HOST]... [SOURCE...])
 
 A thin face over ``klwatch.pipeline`` (through the cached layers of ``klwatch.dashboard.data``): nothing
-here decides a verdict. The selected run, the filters, the added sources, the metric choice and any
-changed threshold live in the URL's query parameters, so a link opens the same view.
+here decides a verdict. The selected run, the filters, the sources in view, the metric choice and any
+changed threshold live in the URL's query parameters, so a link opens the same view. A link only
+chooses among what the operator started the dashboard with (``klwatch.dashboard.safety``); every
+run name, spec and message from a source is shown scrubbed of secrets and escaped.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
@@ -17,18 +21,16 @@ from pathlib import Path
 import streamlit as st
 
 try:
-    from klwatch.dashboard import charts, data
+    from klwatch.dashboard import charts, data, safety
 except ModuleNotFoundError as exc:  # `streamlit run dashboard/app.py` in a checkout nobody installed
     if exc.name != "klwatch":
         raise
     sys.exit("klwatch is not installed in this Python: run `bash scripts/setup.sh` (or `pip install -e .`) first.")
 from klwatch.model import BoundaryVerdict, Lineage, LineageResult
 from klwatch.pipeline import ScanConfig
+from klwatch.redact import redact_spec, scrub
 from klwatch.reference_reset import ReferenceResetConfig
-from klwatch.report import boundary_dict, to_json
-
-# Newline-separated SOURCEs, for running the app without command-line arguments (tests, containers).
-SOURCES_ENV = "KLWATCH_DASHBOARD_SOURCES"
+from klwatch.report import boundary_dict
 
 STATUS_ICON = {"reference_reset": ":red[:material/error:]", "ok": ":green[:material/check_circle:]",
                "intentional": ":blue[:material/info:]", "error": ":red[:material/block:]",
@@ -56,13 +58,25 @@ THRESHOLDS: list[tuple[str, str, float, float, float, bool]] = [
 _DEFAULTS = ReferenceResetConfig()
 
 
-def command_line_sources() -> list[str]:
-    """The SOURCEs after ``--`` of ``streamlit run app.py -- ...``, else $KLWATCH_DASHBOARD_SOURCES, else sample_runs/."""
-    if sys.argv and sys.argv[0] and Path(sys.argv[0]).resolve() == Path(__file__).resolve() and len(sys.argv) > 1:
-        return list(sys.argv[1:])
-    env = os.environ.get(SOURCES_ENV, "")
-    specs = [s.strip() for s in env.splitlines() if s.strip()]
-    return specs or data.default_sources()
+# The launch sources that carry credentials, set by ``main`` on every run of the script (a comment, not
+# a string: Streamlit's magic would write a bare string on the page).
+_secrets: list[str] = []
+
+
+def current_launch() -> safety.Launch:
+    """The SOURCEs after ``--`` of ``streamlit run app.py -- ...``, else $KLWATCH_DASHBOARD_SOURCES, else
+    sample_runs/; and the allow-list of what a person may add (``--allow-add``, $KLWATCH_DASHBOARD_ALLOW_ADD)."""
+    return safety.launch_settings(sys.argv, os.environ, app_file=__file__, default=data.default_sources())
+
+
+def say(text: object) -> str:
+    """Text from a source, a link or an error, as page markdown: secrets scrubbed, then escaped."""
+    return safety.md(scrub(str(text), _secrets))
+
+
+def label(spec: str, launch: safety.Launch) -> str:
+    """A source as the page names it: the launch label (credentials redacted), or the added spec."""
+    return launch.labels.get(spec) or spec
 
 
 def _parse_threshold(field: str, raw: str) -> float | int | None:
@@ -75,14 +89,19 @@ def _parse_threshold(field: str, raw: str) -> float | int | None:
     return value if min(spec[2], default) <= value <= max(spec[3], default) else None
 
 
-def init_state() -> None:
-    """Once per browser session: start from the link's query parameters."""
+def init_state(launch: safety.Launch) -> None:
+    """Once per browser session: start from the link's query parameters (its sources only chosen among
+    the launch sources and what the allow-list admits; anything else noted and ignored)."""
     ss = st.session_state
     if ss.get("_initialised"):
         return
     qp = st.query_params
     ss["_initialised"] = True
-    ss["added_sources"] = [s for s in qp.get_all("src") if s.strip()]
+    chosen = safety.select_sources(qp.get_all("src"), launch)
+    ss["shown_sources"] = ([] if len(chosen.shown) == len(launch.sources)
+                           else [launch.labels[s] for s in chosen.shown])
+    ss["added_sources"] = chosen.added
+    ss["_ignored_sources"] = chosen.ignored
     ss["metrics"] = [m for m in qp.get_all("metric") if m.strip()]
     ss["only_flagged"] = qp.get("flagged") == "1"
     ss["statuses"] = [s for s in qp.get_all("status") if s in ALL_STATUSES]
@@ -97,14 +116,22 @@ def init_state() -> None:
                 ss[f"rr_{field}"] = value
 
 
-def sync_url(*, run: str | None) -> None:
-    """Write the shareable state to the URL (only what differs from the defaults)."""
+def sources_in_view(launch: safety.Launch) -> list[str]:
+    """The launch sources picked in the sidebar (every one when none is), then the added ones."""
+    picked = set(st.session_state.get("shown_sources") or [])
+    shown = [s for s in launch.sources if launch.labels[s] in picked] or list(launch.sources)
+    return list(dict.fromkeys([*shown, *st.session_state["added_sources"]]))
+
+
+def sync_url(*, run: str | None, launch: safety.Launch) -> None:
+    """Write the shareable state to the URL (only what differs from the defaults; sources by label)."""
     ss = st.session_state
+    shown = [s for s in sources_in_view(launch) if s in launch.sources]
     want: dict[str, str | list[str] | None] = {
         "run": run,
         "flagged": "1" if ss.get("only_flagged") else None,
         "status": list(ss.get("statuses") or []),
-        "src": list(ss.get("added_sources") or []),
+        "src": safety.link_sources(shown, list(ss.get("added_sources") or []), launch),
         "metric": list(ss.get("metrics") or []),
     }
     for field, *_ in THRESHOLDS:
@@ -122,11 +149,17 @@ def sync_url(*, run: str | None) -> None:
             qp[key] = value
 
 
-def _add_source() -> None:
-    spec = st.session_state.get("new_source", "").strip()
-    if spec and spec not in st.session_state["added_sources"]:
-        st.session_state["added_sources"] = [*st.session_state["added_sources"], spec]
+def _add_source(allow: safety.AllowList) -> None:
+    """Add the typed source when the allow-list admits it (resolved), else say why not."""
+    typed = st.session_state.get("new_source", "").strip()
     st.session_state["new_source"] = ""
+    if not typed:
+        return
+    spec, why = allow.admit(typed)
+    if spec is None:
+        st.session_state["_add_refused"] = (typed, why)
+    elif spec not in st.session_state["added_sources"]:
+        st.session_state["added_sources"] = [*st.session_state["added_sources"], spec]
 
 
 def _remove_source(spec: str) -> None:
@@ -151,21 +184,36 @@ def _pick_from_picture() -> None:
         st.session_state["run"] = points[0]["customdata"][0]
 
 
-def sidebar_sources(base: list[str]) -> st.delta_generator.DeltaGenerator:
-    """The source list (filled in once the sources are read), the box to add one, and Reload."""
+def sidebar_sources(launch: safety.Launch) -> st.delta_generator.DeltaGenerator:
+    """The choice among the launch sources, the source list (filled in once the sources are read),
+    the box to add one (only with an allow-list), and Reload."""
     sb = st.sidebar
     sb.header("Sources")
+    if len(launch.sources) > 1:
+        sb.multiselect("Sources in view", [launch.labels[s] for s in launch.sources], key="shown_sources",
+                       placeholder="every source", help="The sources this dashboard was started with.")
     box = sb.container()
-    sb.text_input("Add a source", key="new_source", on_change=_add_source,
-                  placeholder="path, wandb://entity/project, mlflow://host:port",
-                  help="A local file or folder (TensorBoard, W&B run folders, MLflow stores, tables, checkpoints), "
-                       "wandb://ENTITY/PROJECT[/RUN] or mlflow://HOST:PORT[/EXPERIMENT]; end with #PATTERN to keep "
-                       "matching runs. Press Enter to add.")
+    allow = launch.allow
+    if allow.enabled:
+        sb.text_input("Add a source", key="new_source", on_change=_add_source, args=(allow,),
+                      placeholder="a path or tracker under the allowed ones",
+                      help="A local file or folder (TensorBoard, W&B run folders, MLflow stores, tables, checkpoints), "
+                           "wandb://ENTITY/PROJECT[/RUN] or mlflow://HOST:PORT[/EXPERIMENT] under: "
+                           f"{safety.md(allow.describe())}. End with #PATTERN to keep matching runs. Press Enter to add.")
+        refused = st.session_state.pop("_add_refused", None)
+        if refused:
+            sb.error(f"Not added: {safety.code(safety.shorten(redact_spec(refused[0])))}: {safety.md(refused[1])}.")
+    else:
+        sb.caption("The sources are the ones this dashboard was started with (`klwatch dashboard SOURCE...`); "
+                   "a link can choose among them, not add one.")
     c1, c2 = sb.columns(2)
-    c1.button("Add", on_click=_add_source, width="stretch")
+    if allow.enabled:
+        c1.button("Add", on_click=_add_source, args=(allow,), width="stretch")
     c2.button("Reload", on_click=data.clear_caches, width="stretch",
               help="Read every source again (local sources are re-read by themselves when their files change; "
                    f"remote ones every {int(data.REMOTE_TTL_SECONDS)} s).")
+    for problem in launch.problems:
+        sb.error(f"Allow-list entry refused: {say(problem)}")
     return box
 
 
@@ -202,38 +250,55 @@ def _help(field: str) -> str | None:
     return f"ReferenceResetConfig.{field} (default {doc[field].default})"
 
 
-def show_sources(box: st.delta_generator.DeltaGenerator, fleet: data.Fleet, base: list[str]) -> None:
-    """Each source with what was found in it, or its error, in place."""
-    by_spec = {s.spec: s for s in fleet.scan.sources}
-    for spec in [*base, *st.session_state["added_sources"]]:
-        read = by_spec.get(spec)
+def show_sources(box: st.delta_generator.DeltaGenerator, fleet: data.Fleet, launch: safety.Launch) -> None:
+    """Each source in view with what was found in it, or its error, in place (named redacted)."""
+    for spec in fleet.specs:
+        read = fleet.reads.get(spec)
         row = box.container(border=True)
-        cols = row.columns([5, 1]) if spec in st.session_state["added_sources"] else [row, None]
-        name = Path(spec).name if not data.is_remote(spec) and Path(spec).name else spec
+        added = spec in st.session_state["added_sources"]
+        cols = row.columns([5, 1]) if added else [row, None]
+        shown = label(spec, launch)
+        name = Path(spec).name if not data.is_remote(spec) and Path(spec).name else shown
         if read is None:
-            cols[0].markdown(f"**{name}**")
+            cols[0].markdown(f"**{say(name)}**")
         elif read.errors and not read.segments:
-            cols[0].markdown(f"**{name}**")
-            cols[0].error("; ".join(e.message for e in read.errors), icon=":material/warning:")
+            cols[0].markdown(f"**{say(name)}**", help=say(shown))
+            cols[0].error(say("; ".join(e.message for e in read.errors)), icon=":material/warning:")
         else:
             n_runs = sum(1 for s in fleet.source_of if s == spec)
-            cols[0].markdown(f"**{name}** · {n_runs} run(s) · {', '.join(read.kinds) or 'nothing'}",
-                             help=spec)
+            cols[0].markdown(f"**{say(name)}** · {n_runs} run(s) · {say(', '.join(read.kinds) or 'nothing')}",
+                             help=say(shown))
             if read.errors:
-                cols[0].warning(f"{len(read.errors)} part(s) unreadable: " + "; ".join(e.message for e in read.errors[:3]))
+                cols[0].warning(f"{len(read.errors)} part(s) unreadable: " + say("; ".join(e.message for e in read.errors[:3])))
         if cols[1] is not None:
-            cols[1].button("✕", key=f"rm::{spec}", on_click=_remove_source, args=(spec,), help=f"Remove {spec}")
+            cols[1].button("✕", key=f"rm::{spec}", on_click=_remove_source, args=(spec,), help=f"Remove {say(spec)}")
 
 
-def show_source_errors(fleet: data.Fleet) -> None:
+def show_notices(launch: safety.Launch) -> None:
+    """Main area: the link's sources that were not served (a link cannot name a new path or host)."""
+    ignored = st.session_state.get("_ignored_sources") or []
+    if ignored:
+        shown = ", ".join(safety.code(safety.shorten(redact_spec(v))) for v in ignored[:5])
+        more = f" and {len(ignored) - 5} more" if len(ignored) > 5 else ""
+        where = (f" or add one under {say(launch.allow.describe())}" if launch.allow.enabled else "")
+        st.warning(f"Ignored from the link: {shown}{more}. A link can only choose among the sources this "
+                   f"dashboard was started with{where}.", icon=":material/link_off:")
+
+
+def show_source_errors(fleet: data.Fleet, launch: safety.Launch) -> None:
     """Main area: a source that cannot be read says so where the user is looking."""
-    for read in fleet.scan.sources:
-        if read.errors and not read.segments:
-            st.error(f"**{read.spec}** could not be read: " + "; ".join(e.message for e in read.errors), icon=":material/warning:")
-        elif read.errors:
-            with st.expander(f":material/warning: {read.spec}: {len(read.errors)} part(s) could not be read"):
+    for spec in fleet.specs:
+        read = fleet.reads.get(spec)
+        if read is None or not read.errors:
+            continue
+        name = say(label(spec, launch))
+        if not read.segments:
+            st.error(f"**{name}** could not be read: " + say("; ".join(e.message for e in read.errors)),
+                     icon=":material/warning:")
+        else:
+            with st.expander(f":material/warning: {name}: {len(read.errors)} part(s) could not be read"):
                 for e in read.errors:
-                    st.markdown(f"- {e.message}")
+                    st.markdown(f"- {say(e.message)}")
 
 
 def show_fleet(fleet: data.Fleet, config: ScanConfig) -> None:
@@ -276,20 +341,22 @@ def show_fleet(fleet: data.Fleet, config: ScanConfig) -> None:
         },
     )
     st.caption(f"{len(df)} of {len(fleet.keys)} training run(s) shown. Click a row (or a point above) to open it.")
-    specs = [s.spec for s in fleet.scan.sources]
+    specs = list(fleet.specs)
     st.download_button("Download JSON report",  # the CLI's report: findings included, computed on click
-                       data=lambda: to_json(data.load_fleet(specs, config=config, findings=True).scan) + "\n",
+                       data=lambda: data.report_json(data.load_fleet(specs, config=config, findings=True).scan,
+                                                     secrets=_secrets) + "\n",
                        file_name="klwatch-report.json", mime="application/json", icon=":material/download:", on_click="ignore")
 
 
 def show_run(key: str, result: LineageResult) -> None:
     lin = result.lineage
-    st.header(f"{STATUS_ICON.get(result.status, '')} {lin.name}")
+    st.header(f"{STATUS_ICON.get(result.status, '')} {say(lin.name)}", anchor=False)
     trackers = ", ".join(dict.fromkeys(s.kind for s in lin.segments))
-    st.markdown(f":{BADGE_COLOR.get(result.status, 'gray')}-badge[{result.status}] · metric `{result.metric or '-'}` · "
-                f"{trackers} · {len(lin.segments)} segment(s) · {len(lin.boundaries)} resume(s)")
+    st.markdown(f":{BADGE_COLOR.get(result.status, 'gray')}-badge[{result.status}] · metric "
+                f"{safety.code(scrub(result.metric or '-', _secrets))} · {say(trackers)} · {len(lin.segments)} segment(s) · "
+                f"{len(lin.boundaries)} resume(s)")
     if result.error:
-        st.error(result.error, icon=":material/warning:")
+        st.error(say(result.error), icon=":material/warning:")
     names = [n for n in lin.metric_names() if not n.startswith("_") and n != result.metric]
     linked = st.multiselect("Panels below the KL (same step axis)", names,
                             default=charts.pick_linked_metrics(names, exclude=[result.metric or ""]),
@@ -308,15 +375,15 @@ def show_run(key: str, result: LineageResult) -> None:
         st.caption("No other detector reported anything.")
     for f in result.findings:
         where = f" (step {f.step})" if f.step is not None else ""
-        text = f"**{f.detector}**{where}: {f.message}"
+        text = f"**{say(f.detector)}**{where}: {say(f.message)}"
         {"error": st.error, "warning": st.warning}.get(f.severity, st.info)(text)
     with st.expander("Members (tracker runs, files, checkpoints)"):
         st.dataframe(_members(lin), hide_index=True)
         for w in (w for seg in lin.segments for w in seg.warnings):
-            st.warning(w)
+            st.warning(say(w))
     with st.expander("Run config"):
         if lin.config:
-            st.json(lin.config, expanded=1)
+            st.json(scrubbed(lin.config), expanded=1)
         else:
             st.caption("No config was logged.")
 
@@ -331,19 +398,29 @@ def show_boundaries(verdicts: list[BoundaryVerdict]) -> None:
         b = v.boundary
         with st.expander(f"step {b.step} · {v.verdict} · score {v.score:.2f} · "
                          f"KL {charts.fmt_kl(v.kl_before)} → {charts.fmt_kl(v.kl_after)}", icon=VERDICT_ICON.get(v.verdict)):
-            st.markdown(v.explanation)
+            st.markdown(say(v.explanation))
             st.markdown("**Evidence:** " + " ".join(f"`{e}`" for e in b.evidence) +
                         f" · resumed from step {b.resumed_from_step if b.resumed_from_step is not None else 'unknown'}")
             if v.window_before or v.window_after:
                 st.markdown(f"Compared steps {_window(v.window_before)} (before) with {_window(v.window_after)} (after).")
-            st.json(boundary_dict(v), expanded=False)
+            st.json(scrubbed(boundary_dict(v)), expanded=False)
+
+
+def scrubbed(doc: object) -> object:
+    """A JSON document from a run (its config, a boundary) with every credential in it masked: the JSON
+    viewer shows text as text, but a run may have logged a token."""
+    text = json.dumps(doc, default=str, allow_nan=True)
+    try:
+        return json.loads(scrub(text, _secrets))
+    except ValueError:
+        return {"note": "not shown: it could not be masked safely"}
 
 
 def _members(lin: Lineage) -> list[dict[str, object]]:
     """The run's tracker runs, files and checkpoint folders, each with where its training starts and
     ends (``Segment.extent``: not a setup key's step 0)."""
     prefer = (lin.kl_metric,) if lin.kl_metric else ()
-    return [{"kind": seg.kind, "ref": seg.ref, "first_step": first, "last_step": last}
+    return [{"kind": seg.kind, "ref": scrub(seg.ref, _secrets), "first_step": first, "last_step": last}
             for seg in lin.segments for first, last in [seg.extent(prefer)]]
 
 
@@ -353,17 +430,23 @@ def _window(w: tuple[int, int] | None) -> str:
 
 def main() -> None:
     st.set_page_config(page_title="klwatch dashboard", page_icon="📉", layout="wide")
-    init_state()
-    base = command_line_sources()
-    box = sidebar_sources(base)
-    specs = list(dict.fromkeys([*base, *st.session_state["added_sources"]]))
+    refusal = safety.exposure_refusal(safety.served_address(), os.environ)
+    if refusal:  # on every interface without the operator's say-so: serve nothing
+        st.error(refusal, icon=":material/lock:")
+        st.stop()
+    launch = current_launch()
+    _secrets[:] = [s for s in launch.sources if redact_spec(s) != s]
+    init_state(launch)
+    box = sidebar_sources(launch)
+    specs = sources_in_view(launch)
     config = sidebar_config(specs)
     with st.spinner("Reading sources ..."):
         fleet = data.load_fleet(specs, config=config)
-    show_sources(box, fleet, base)
+    show_sources(box, fleet, launch)
 
     st.title("klwatch: resume boundaries")
-    show_source_errors(fleet)
+    show_notices(launch)
+    show_source_errors(fleet, launch)
     show_fleet(fleet, config)
 
     runs = fleet.runs
@@ -372,15 +455,15 @@ def main() -> None:
         wanted = st.session_state.get("run")
         if wanted not in runs:
             if wanted and st.session_state.get("_linked_run") == wanted:
-                st.warning(f"The run `{wanted}` from the link is not in these sources.")
+                st.warning(f"The run {safety.code(safety.shorten(scrub(wanted, _secrets)))} from the link is not in these sources.")
             flagged = [k for k, r in runs.items() if r.status == data.FLAGGED]
             st.session_state["run"] = flagged[0] if flagged else next(iter(runs))
         st.divider()
         run_key = st.selectbox("Run", list(runs), key="run",
-                               format_func=lambda k: f"{runs[k].lineage.name} ({runs[k].status})")
+                               format_func=lambda k: safety.plain(scrub(f"{runs[k].lineage.name} ({runs[k].status})", _secrets)))
         with st.container(key="run_view"):
             show_run(run_key, data.judged_run(fleet, run_key, config=config))
-    sync_url(run=run_key)
+    sync_url(run=run_key, launch=launch)
 
 
 main()

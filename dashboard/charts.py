@@ -4,6 +4,10 @@ Full fidelity is the rule: a trace is never randomly sampled; past ``max_points`
 min/max buckets (``klwatch.downsample``) so a one-step drop to zero still shows, and long traces are
 drawn with WebGL. Colours carry the verdict everywhere: red reset, green ok, blue intentional,
 amber inconclusive.
+
+Every text from a run (its name, metric names, segment refs, the step axis, explanations) goes
+through ``safety.plot_text``: Plotly renders a subset of HTML in titles, legends, annotations and
+hover labels, and a run name is anyone's to write.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from klwatch.dashboard.safety import plot_text
 from klwatch.downsample import minmax_indices
 from klwatch.metrics import ENTROPY, GRAD_NORM, LOSS, LR, REWARD, MetricFamily, find_metric
 from klwatch.model import LineageResult, Series
@@ -69,17 +74,16 @@ def _trace(series: Series, *, name: str, color: str, segment: str, metric: str, 
     # The wall time differs per point; the segment is the trace's own, so it lives in the template
     # (not repeated per point: the figure's JSON is what every click ships to the browser).
     custom = _wall_strings(series.wall_times, len(series)) if len(series) else None
-    where = segment.replace("%{", "% {")
     suffix = "" if axis == 1 else str(axis)
     return {
         "type": "scattergl" if webgl else "scatter",
         "x": series.steps, "y": series.values, "xaxis": f"x{suffix}", "yaxis": f"y{suffix}",
         "mode": "lines+markers" if len(series) <= 300 else "lines",
-        "name": name, "legendgroup": legendgroup, "showlegend": showlegend,
+        "name": plot_text(name), "legendgroup": legendgroup, "showlegend": showlegend,
         "line": {"color": color, "width": 1.6}, "marker": {"color": color, "size": 4},
         "customdata": custom,
-        "hovertemplate": (f"<b>{metric}</b><br>step %{{x}}<br>value %{{y:.4g}}<br>%{{customdata}}"
-                          f"<br>segment {where}<extra></extra>"),
+        "hovertemplate": (f"<b>{plot_text(metric)}</b><br>step %{{x}}<br>value %{{y:.4g}}<br>%{{customdata}}"
+                          f"<br>segment {plot_text(segment)}<extra></extra>"),
     }
 
 
@@ -97,16 +101,16 @@ def run_figure(result: LineageResult, *, linked: Sequence[str] = (), max_points:
     metric = result.metric or lin.kl_metric
     panels = ([metric] if metric else []) + [m for m in linked if m != metric]
     rows = max(1, len(panels))
-    layout, domains = _panel_axes(rows, x_title=lin.step_axis or "step")
+    layout, domains = _panel_axes(rows, x_title=plot_text(lin.step_axis or "step"))
     traces, thinned = _piece_traces(result, panels, max_points=max_points, webgl_above=webgl_above)
-    titles = [(f"−{p} (logged negated)" if i == 0 and p == lin.kl_metric and lin.kl_negated else p)
+    titles = [plot_text(f"−{p} (logged negated)" if i == 0 and p == lin.kl_metric and lin.kl_negated else p)
               for i, p in enumerate(panels)]
     annotations: list[dict] = [
         {"text": t, "x": 0.0, "xref": "paper", "xanchor": "left", "y": domains[r][1], "yref": "paper",
          "yanchor": "bottom", "showarrow": False, "font": {"size": 12, "color": "#444"}}
         for r, t in enumerate(titles)]
     shapes = _boundary_marks(result, annotations, on_panel=bool(panels), shade=metric is not None)
-    title = f"{lin.name}: {result.status}"
+    title = f"{plot_text(lin.name)}: {result.status}"
     if thinned:
         title += f"  (long series: min/max of each bucket drawn, ≤{max_points:,} points per piece)"
     layout.update(
@@ -178,7 +182,7 @@ def _boundary_marks(result: LineageResult, annotations: list[dict], *, on_panel:
         annotations.append({"x": step, "xref": "x", "y": 1.0 + (0.07 if k % 2 else 0.0),
                             "yref": "y domain" if on_panel else "paper", "text": f"<b>{label}</b>", "showarrow": False,
                             "yanchor": "bottom", "font": {"color": "white", "size": 11}, "bgcolor": color,
-                            "borderpad": 2, "hovertext": f"step {step}: {v.explanation}"})
+                            "borderpad": 2, "hovertext": f"step {step}: {plot_text(v.explanation)}"})
         if not shade:
             continue
         for window, fill in ((v.window_before, "rgba(120,120,120,0.14)"), (v.window_after, _rgba(color, 0.16))):
@@ -215,7 +219,7 @@ def fleet_figure(points: pd.DataFrame, *, thresholds: ReferenceResetConfig) -> g
             "type": "scatter", "x": sub["score"].to_numpy(), "y": ratio.to_numpy(), "mode": "markers",
             "name": f"{verdict} ({len(sub)})",
             "marker": {"color": color, "size": 10, "opacity": 0.8, "line": {"width": 1, "color": "white"}},
-            "customdata": np.stack([sub["key"], sub["run"], sub["step"].astype(str),
+            "customdata": np.stack([sub["key"], sub["run"].map(plot_text), sub["step"].astype(str),
                                     sub["kl_before"].map(fmt_kl), sub["kl_after"].map(fmt_kl)], axis=-1),
             "hovertemplate": ("<b>%{customdata[1]}</b><br>resume at step %{customdata[2]}<br>"
                               "KL %{customdata[3]} → %{customdata[4]}<br>after/before %{y:.3g}<br>"

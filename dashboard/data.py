@@ -12,6 +12,10 @@ several times the cost of the KL verdicts, and not part of the fleet table): the
 the open run's findings and the JSON export for everyone's, each run judged again by
 ``pipeline.judge_lineage`` with ``findings`` on. Nothing here decides a verdict: it calls
 ``klwatch.pipeline``.
+
+What leaves this module for the page is safe to show: a source is named redacted (``redact_spec``) in
+run keys and the fleet table, errors are scrubbed, and the JSON export is the report with every spec
+redacted and every credential masked.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import streamlit as st
 
 from klwatch.model import Lineage, LineageResult, ScanResult, SourceRead
 from klwatch.pipeline import ScanConfig, judge_lineage, judge_reads, read_sources
+from klwatch.redact import redact_spec, scrub
+from klwatch.report import to_json
 from klwatch.sources import split_pattern
 from klwatch.sources.local import SKIP_DIRS
 
@@ -132,6 +138,12 @@ class Fleet:
     """The SOURCE spec each result came from."""
     fingerprints: dict[str, str] = dataclasses.field(default_factory=dict)
     """The fingerprint each source was read at (so a run view asks the cache for the same read)."""
+    reads: dict[str, SourceRead] = dataclasses.field(default_factory=dict)
+    """Each SOURCE spec as given (in order) and what reading it gave."""
+
+    @property
+    def specs(self) -> list[str]:
+        return list(self.reads)
 
     @property
     def runs(self) -> dict[str, LineageResult]:
@@ -152,23 +164,28 @@ def load_fleet(specs: Sequence[str], *, config: ScanConfig, findings: bool = Fal
     fps: dict[str, str] = {}
     parts: list[ScanResult] = []
     source_of: list[str] = []
+    reads: dict[str, SourceRead] = {}
     for spec in dict.fromkeys(specs):
         fp = fps[spec] = fingerprint(spec, now=now)
         parts.append(scan_cached(spec, fp, key, fleet_config))
         source_of.extend([spec] * len(parts[-1].results))
+        if parts[-1].sources:
+            reads[spec] = parts[-1].sources[0]
     scan = ScanResult(sources=[s for p in parts for s in p.sources], results=[r for p in parts for r in p.results])
-    fleet = Fleet(scan=scan, keys=_unique_keys(scan.results, source_of), source_of=source_of, fingerprints=fps)
+    fleet = Fleet(scan=scan, keys=_unique_keys(scan.results, source_of), source_of=source_of, fingerprints=fps,
+                  reads=reads)
     if findings and config.findings:
         fleet.scan = ScanResult(sources=scan.sources, results=[judged_run(fleet, k, config=config) for k in fleet.keys])
     return fleet
 
 
 def _unique_keys(results: Sequence[LineageResult], source_of: Sequence[str]) -> list[str]:
-    """The lineage id of each run, made unique across sources (``id@SOURCE``, then primes)."""
+    """The lineage id of each run, made unique across sources (``id@SOURCE``, the SOURCE redacted: a key
+    goes in the URL; then primes)."""
     keys: list[str] = []
     seen: Counter[str] = Counter(r.lineage.id for r in results)
     for r, spec in zip(results, source_of):
-        key = r.lineage.id if seen[r.lineage.id] == 1 else f"{r.lineage.id}@{spec}"
+        key = r.lineage.id if seen[r.lineage.id] == 1 else f"{r.lineage.id}@{redact_spec(spec)}"
         while key in keys:
             key += "'"
         keys.append(key)
@@ -216,8 +233,8 @@ def fleet_table(fleet: Fleet) -> pd.DataFrame:
             "at step": None if worst is None else worst.boundary.step,
             "last step": _last_step(lin),
             "metric": r.metric or "",
-            "source": spec,
-            "error": r.error or "",
+            "source": redact_spec(spec),  # hidden, but the whole frame goes to the browser
+            "error": scrub(r.error or "", _with_credentials(fleet.specs)),
         })
     columns = ["key", "run", "status", "trackers", "segments", "resumes", "worst score", "KL before", "KL after",
                "at step", "last step", "metric", "source", "error"]
@@ -227,6 +244,18 @@ def fleet_table(fleet: Fleet) -> pd.DataFrame:
     for col in ("at step", "last step"):
         df[col] = df[col].astype("Int64")
     return df
+
+
+def _with_credentials(specs: Sequence[str]) -> list[str]:
+    """The specs that carry something ``redact_spec`` hides: what ``scrub`` must also look for alone."""
+    return [s for s in specs if redact_spec(s) != s]
+
+
+def report_json(scan: ScanResult, *, secrets: Sequence[str] = ()) -> str:
+    """The JSON report (``klwatch scan --format json``) as the page exports it: every source spec
+    redacted and every credential (the sources', the environment's) masked wherever a message quotes it."""
+    shown = dataclasses.replace(scan, sources=[dataclasses.replace(s, spec=redact_spec(s.spec)) for s in scan.sources])
+    return scrub(to_json(shown), [*secrets, *_with_credentials([s.spec for s in scan.sources])])
 
 
 def boundary_points(fleet: Fleet) -> pd.DataFrame:

@@ -59,3 +59,31 @@ def write_paused_run(root: Path, *, name: str, pauses: list[int], steps: int = 1
         writer.add_scalar("train/kl_penalty", kl, step, walltime=1_760_000_000.0 + step * 10.0 + k * 3_600.0)
     writer.close()
     return root / name
+
+
+def write_mlflow_store(root: Path, *, run_name: str, experiment: str = "grpo", param: str = "1e-6",
+                       buggy: bool = True) -> Path:
+    """An MLflow file store (``mlruns/``) as MLflow lays it out: one experiment, a run and its resumed
+    continuation, both named ``run_name``; the run name, the experiment name and a param are any
+    text, as a tracker stores what a person typed."""
+    import yaml
+
+    exp = root / "mlruns" / "1"
+    exp.mkdir(parents=True)
+    (exp / "meta.yaml").write_text(yaml.safe_dump({"experiment_id": "1", "name": experiment,
+                                                   "lifecycle_stage": "active", "artifact_location": "x"}))
+    t0 = 1_760_000_000_000
+    for k, (rid, lo, hi) in enumerate([("a1b2c3d4e5", 1, 40), ("f6a7b8c9d0", 41, 80)]):
+        run = exp / rid
+        for sub in ("metrics/train", "tags", "params"):
+            (run / sub).mkdir(parents=True)
+        start = t0 + k * 3_600_000
+        (run / "meta.yaml").write_text(yaml.safe_dump({
+            "run_id": rid, "run_uuid": rid, "experiment_id": "1", "status": 3, "start_time": start,
+            "end_time": start + 100_000, "lifecycle_stage": "active", "run_name": run_name}))
+        (run / "tags" / "mlflow.runName").write_text(run_name)
+        (run / "params" / "learning_rate").write_text(param)
+        anchor = lo - 1 if (buggy and k) else 0
+        lines = [f"{start + s * 1000} {0.05 * (1.0 - np.exp(-(s - anchor) / 8.0))} {s}" for s in range(lo, hi + 1)]
+        (run / "metrics" / "train" / "kl_penalty").write_text("\n".join(lines) + "\n")
+    return root
