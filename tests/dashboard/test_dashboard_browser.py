@@ -13,20 +13,11 @@ import re
 import shutil
 from pathlib import Path
 
-import pytest
-
+from chromium import ARGS, CHROMIUM, WAIT_MS, needs_chromium, settled
 from dashboard_runs import write_fleet
 from dashboard_server import REPO, running_dashboard
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-WAIT_MS = 90_000  # generous: the CI machine may be busy; a normal run takes well under a minute in all
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium (scripts/setup.sh --test installs it)"),
-]
+pytestmark = needs_chromium
 
 
 def _sources(tmp_path: Path) -> list[str]:
@@ -55,10 +46,7 @@ def _click_row(page, index: int) -> None:
     page.mouse.click(box["x"] + 18, box["y"] + 35 + 35 * index + 17)
 
 
-def _settled(page) -> None:
-    """Wait until the script run is over (Streamlit shows its 'running' widget meanwhile). Called once
-    the page shows what the run drew, so the run has started; no fixed pause is needed."""
-    page.wait_for_function("() => !document.querySelector('[data-testid=stStatusWidget]')", timeout=WAIT_MS)
+_settled = settled
 
 
 def _open_run(page, name: str) -> list[str]:
