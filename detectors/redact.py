@@ -9,10 +9,11 @@ free text (an exception's message may quote a URL) through ``scrub``.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
-from collections.abc import Iterable
-from urllib.parse import urlsplit, urlunsplit
+from collections.abc import Callable, Iterable
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 SECRET_ENV = ("WANDB_API_KEY", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_USERNAME",
               "DATABRICKS_TOKEN", "HF_TOKEN", "GITHUB_TOKEN")
@@ -31,6 +32,8 @@ _TOKENISH = re.compile(r"^(?=.*\d)[A-Za-z0-9_\-]{12,}$|^[A-Za-z0-9_\-]{24,}$")
 """A path segment that looks like a token: long and mixed with digits, or very long."""
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^\s/@'\"<>]+@")
 """``scheme://anything@`` inside free text: the userinfo of a URL, whatever the scheme."""
+_SPEC_USERINFO = re.compile(r"(?i)^[a-z][a-z0-9+.\-]*://([^/?\s]*)@")
+"""A SOURCE's userinfo: up to its last ``@`` before the path (a password may hold ``@`` or ``#``)."""
 
 
 def _redact_path(host: str, path: str) -> str:
@@ -74,13 +77,56 @@ def redact_spec(spec: str) -> str:
     spec is searched for userinfo, so a ``#`` inside a password cannot hide it)."""
     if "://" not in spec:
         return spec
-    shown = _USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", spec)
+    m = _SPEC_USERINFO.match(spec)  # to its last "@": a password may hold one
+    shown = spec[:m.start(1)] + MASK + spec[m.end(1):] if m else spec
+    shown = _USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", shown)
     return re.sub(r"\?[^#]*", "?" + MASK, shown, count=1)
 
 
+def basic_auth(user: str, password: str) -> str:
+    """The ``Authorization: Basic`` value of ``user:password`` (as requests sends it): a server that
+    echoes request headers in its error message quotes this, not the password."""
+    return base64.b64encode(f"{user}:{password}".encode("latin-1", "replace")).decode()
+
+
 def env_secrets() -> list[str]:
-    """The credential values set in this process's environment (long enough to scrub)."""
-    return [v for k in SECRET_ENV if len(v := os.environ.get(k, "")) >= MIN_SECRET_LENGTH]
+    """The credential values set in this process's environment (long enough to scrub), and the basic
+    auth header that MLflow's user name and password make."""
+    values = [v for k in SECRET_ENV if len(v := os.environ.get(k, "")) >= MIN_SECRET_LENGTH]
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    return values + ([basic_auth(user, password)] if user and password else [])
+
+
+def without_userinfo(url: str) -> str:
+    """``url`` with the userinfo of every URL in it removed, the rest as given: for a link people must
+    still be able to follow (a dashboard URL), where ``redact_url`` would mask its query too."""
+    return _USERINFO.sub(lambda m: m.group(1), url)
+
+
+def spec_secrets(spec: str) -> list[str]:
+    """The credential parts of a SOURCE as a message may quote them: its userinfo and password, raw and
+    percent-decoded, their basic auth header, and its query values; the longest first. A user name alone is not one (masking
+    ``alice`` in every message would garble them); it is masked where it stands in a URL."""
+    if "://" not in spec:
+        return []
+    pieces: list[str] = []
+    m = _SPEC_USERINFO.match(spec)
+    if m:
+        user, _, password = m.group(1).partition(":")
+        pieces += [m.group(1), password, basic_auth(unquote(user), unquote(password))]
+    query = re.search(r"\?([^#]*)", spec[m.end() if m else 0:])
+    if query:
+        pieces += [v for part in query.group(1).split("&") for v in [part.partition("=")[2]]]
+        pieces += [v for _, v in parse_qsl(query.group(1))]
+    shown = {p for piece in pieces for p in (piece, unquote(piece)) if len(p) >= MIN_SECRET_LENGTH}
+    return sorted(shown, key=len, reverse=True)
+
+
+def _mask(text: str, values: Iterable[str]) -> str:
+    """``text`` with every one of ``values`` (longest first) replaced by the mask."""
+    for value in values:
+        text = text.replace(value, MASK)
+    return text
 
 
 def scrub(text: str, secrets: Iterable[str] = ()) -> str:
@@ -99,6 +145,17 @@ def scrub(text: str, secrets: Iterable[str] = ()) -> str:
         for piece, safe in ((parts.password, MASK), (parts.username, MASK), (parts.query, MASK), (parts.path, red.path)):
             if piece and len(piece) > 3 and piece != safe:
                 text = text.replace(piece, safe)
-    for value in sorted(env_secrets(), key=len, reverse=True):
-        text = text.replace(value, MASK)
+    text = _mask(text, sorted(env_secrets(), key=len, reverse=True))
     return _USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", text)
+
+
+def redactor(specs: Iterable[str]) -> Callable[[str], str]:
+    """What makes any text of a scan of ``specs`` safe to show: each SOURCE's credentials
+    (``spec_secrets``) and the environment's masked, and the userinfo of any URL removed. Built once
+    per output (the environment is read then), applied to every string it shows."""
+    values = sorted({v for s in specs for v in spec_secrets(s)} | set(env_secrets()), key=len, reverse=True)
+
+    def clean(text: str) -> str:
+        return _USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", _mask(text, values))
+
+    return clean
