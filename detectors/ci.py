@@ -11,20 +11,21 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Optional
 
 import numpy as np
 import typer
-from rich.markup import escape
 
-from .cli_common import (JunitOpt, ScanOptions, SourcesArg, check_outputs, err, error_exit, run_scan, with_scan_options,
+from .cli_common import (JunitOpt, ScanOptions, SourcesArg, check_outputs, error_exit, run_scan, say, with_scan_options,
                          write_output)
 from .model import BoundaryVerdict, Finding, LineageResult, ScanResult
 from .pipeline import ScanConfig, scan
+from .redact import scrub
 from .reference_reset import ReferenceResetConfig
-from .report import EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, escape_cell, exit_code, junit_xml, printable
+from .report import (EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, escape_cell, exit_code, junit_xml, printable, secret_free,
+                     unreadable)
 
 RESET = "reference_reset"
 DEFAULT_FAIL_ON: tuple[str, ...] = (RESET,)
@@ -116,8 +117,15 @@ def _escape_property(s: str) -> str:
     return _escape_data(s).replace(":", "%3A").replace(",", "%2C")
 
 
-def github_annotation(p: Problem) -> str:
-    """A workflow command GitHub turns into an error annotation on the run's summary page."""
+def workflow_command(title: str, message: str) -> str:
+    """``::error title=...::message``: an error annotation; the title and message encoded so that
+    neither can end the command early or start another (``%0A``, ``::``, control characters)."""
+    return f"::error title={_escape_property(title)}::{_escape_data(message)}"
+
+
+def github_annotation(p: Problem, *, clean: Callable[[str], str] = scrub) -> str:
+    """A workflow command GitHub turns into an error annotation on the run's summary page (its text
+    passed through ``clean`` first: no secret)."""
     run = p.result.lineage.name
     if p.verdict is not None:
         title = f"klwatch: KL reference reset in {run} at step {p.verdict.boundary.step}"
@@ -126,7 +134,7 @@ def github_annotation(p: Problem) -> str:
         assert p.finding is not None
         title = f"klwatch: {p.finding.detector} in {run}"
         message = problem_line(p)
-    return f"::error title={_escape_property(title)}::{_escape_data(message)}"
+    return workflow_command(clean(title), clean(message))
 
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -176,15 +184,17 @@ SUMMARY_EXPLANATIONS = 3
 
 
 def step_summary(result: ScanResult, found: list[Problem]) -> str:
-    """The markdown appended to ``$GITHUB_STEP_SUMMARY``: verdict, a table, a sparkline per flagged run."""
+    """The markdown appended to ``$GITHUB_STEP_SUMMARY``: verdict, a table, a sparkline per flagged run.
+    Every name and message in it is escaped (no link, image, HTML or table break) and free of secrets."""
+    clean = secret_free(result)
     lines = [_summary_head(result, found), ""]
     if found:
         lines += ["| run | step | resumed from | problem | KL before → after | score |", "|---|---|---|---|---|---|"]
-        lines += [_summary_row(p) for p in found]
+        lines += [_summary_row(p, clean) for p in found]
         lines.append("")
-        lines += _summary_sparklines(found)
+        lines += _summary_sparklines(found, clean)
     if result.unreadable:
-        lines += ["Could not read:", "", *[f"- {escape_cell(e)}" for e in result.unreadable], ""]
+        lines += ["Could not read:", "", *[f"- {escape_cell(e)}" for e in unreadable(result)], ""]
     return "\n".join(lines) + "\n"
 
 
@@ -199,19 +209,25 @@ def _summary_head(result: ScanResult, found: list[Problem]) -> str:
     return f"### ✅ klwatch check: no reference reset ({runs} training run(s), {boundaries} resume(s) judged)"
 
 
-def _summary_row(p: Problem) -> str:
+def _summary_row(p: Problem, clean: Callable[[str], str]) -> str:
     """One problem as a row of the summary's markdown table."""
-    run = escape_cell(p.result.lineage.name)
+    run = escape_cell(clean(p.result.lineage.name))
     if p.verdict is not None:
         v, b = p.verdict, p.verdict.boundary
         return (f"| {run} | {b.step} | {'-' if b.resumed_from_step is None else b.resumed_from_step} | "
                 f"**reference reset** | {_g(v.kl_before)} → {_g(v.kl_after)} | {v.score:.2f} |")
     assert p.finding is not None
-    msg = escape_cell(p.finding.message).replace("\n", " ")
+    msg = escape_cell(clean(p.finding.message)).replace("\n", " ")
     return f"| {run} | {'-' if p.finding.step is None else p.finding.step} | - | **{p.finding.detector}**: {msg} | - | - |"
 
 
-def _summary_sparklines(found: list[Problem]) -> list[str]:
+def _code_span(text: str) -> str:
+    """``text`` as a markdown code span: one printable line with no backtick to end the span early
+    (inside one, markdown and HTML are shown as they are)."""
+    return "`" + printable(text).replace("`", "'") + "`"
+
+
+def _summary_sparklines(found: list[Problem], clean: Callable[[str], str]) -> list[str]:
     """A sparkline block, with its first explanations quoted, for each run with a reset (once per run)."""
     lines: list[str] = []
     seen: set[int] = set()
@@ -224,10 +240,10 @@ def _summary_sparklines(found: list[Problem]) -> list[str]:
         if spark is None:
             continue
         steps = [int(b.step) for b in r.lineage.boundaries]
-        head = f"**{escape_cell(r.lineage.name)}** — `{printable(r.metric or '-')}`"
+        head = f"**{escape_cell(clean(r.lineage.name))}** — {_code_span(clean(r.metric or '-'))}"
         lines += [f"{head}, resumes at step(s) {', '.join(map(str, steps)) or '-'}; `^` marks a reference reset", "",
                   "```text", f"KL {spark[0]}", f"   {spark[1]}", "```", ""]
-        lines += [f"> {v.explanation}" for v in r.verdicts if v.verdict == RESET][:SUMMARY_EXPLANATIONS]
+        lines += [f"> {escape_cell(clean(v.explanation))}" for v in r.verdicts if v.verdict == RESET][:SUMMARY_EXPLANATIONS]
         lines.append("")
     return lines
 
@@ -277,13 +293,14 @@ def check_command(
 
 def _print_problems(result: ScanResult, found: list[Problem], *, github: bool) -> None:
     """One line per problem on stdout, then one per unreadable source or run (stderr, or annotations
-    on stdout under GitHub Actions)."""
+    on stdout under GitHub Actions); no secret, no control character, no workflow command of a name's."""
+    clean = secret_free(result)
     for p in found:
-        print(github_annotation(p) if github else printable(problem_line(p)))
+        print(github_annotation(p, clean=clean) if github else printable(clean(problem_line(p))))
     n_sources = sum(len(s.errors) for s in result.sources)
-    for i, msg in enumerate(result.unreadable):  # the sources' errors come first, then the runs'
+    for i, msg in enumerate(unreadable(result)):  # the sources' errors come first, then the runs'
         title = "klwatch: unreadable source" if i < n_sources else "klwatch: unreadable run"
-        print(f"::error title={_escape_property(title)}::{_escape_data(msg)}" if github else f"error: {printable(msg)}",
+        print(workflow_command(title, msg) if github else f"error: {printable(msg)}",
               file=sys.stdout if github else sys.stderr)
 
 
@@ -293,7 +310,7 @@ def _append_step_summary(path: str, text: str) -> None:
         with open(path, "a", encoding="utf-8", errors="backslashreplace") as fh:
             fh.write(text)
     except OSError as exc:
-        err.print("[yellow]warning[/] " + escape(f"cannot append to GITHUB_STEP_SUMMARY {path}: {exc}"), highlight=False)
+        say("warning", f"cannot append to GITHUB_STEP_SUMMARY {path}: {exc}")
 
 
 # --------------------------------------------------------------------------------- Python API
@@ -335,7 +352,7 @@ def assert_no_reference_reset(
         msgs.append(f"expected at least {min_boundaries} resume boundary(ies), found {seen}: the resume did not show in "
                     "the logs (is the resumed process logging to the same place?)")
     if msgs:
-        raise AssertionError("\n".join(msgs))
+        raise AssertionError(secret_free(result)("\n".join(msgs)))  # a test log is an output too
     return result
 
 

@@ -27,7 +27,8 @@ from .boundaries import BoundaryConfig
 from .model import ScanResult
 from .pipeline import ScanConfig, scan
 from .reference_reset import ReferenceResetConfig
-from .report import EXIT_USAGE, printable
+from .redact import redact_spec, scrub
+from .report import EXIT_USAGE, printable, secret_free
 from .sources.limits import ReadLimits
 from .stitching import StitchConfig, load_lineage_file
 
@@ -68,8 +69,7 @@ class ScanOptions:
             try:
                 lineage_map = load_lineage_file(str(self.lineage))
             except (OSError, ValueError) as exc:
-                err.print("[red]error[/] " + escape(f"--lineage {self.lineage}: {exc}"), highlight=False)
-                raise typer.Exit(EXIT_USAGE)
+                error_exit(f"--lineage {self.lineage}: {exc}")
         return ScanConfig(metrics=tuple(self.metric or ()), intentional_resets=tuple(self.intentional_reset or ()),
                           declared_restarts=tuple(self.restart or ()),
                           stitch=StitchConfig(group_by=self.group_by, lineage_map=lineage_map), boundaries=BoundaryConfig(),
@@ -108,35 +108,48 @@ def with_scan_options(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def run_scan(sources: list[str], config: ScanConfig, *, show_progress: bool = True) -> ScanResult:
-    """Scan with a progress bar on stderr when it takes more than a moment."""
+    """Scan with a progress bar on stderr when it takes more than a moment; the bar names each SOURCE
+    as it may be shown (no credentials, no control characters, no markup)."""
     if not sources:
-        err.print("[red]error[/] give at least one SOURCE")
-        raise typer.Exit(EXIT_USAGE)
+        error_exit("give at least one SOURCE")
     if not show_progress or not err.is_terminal:
         return scan(sources, config=config)
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    def shown(spec: str) -> str:
+        return escape(printable(scrub(redact_spec(spec))))
+
     with Progress(SpinnerColumn(), TextColumn("reading {task.description}"), TimeElapsedColumn(),
                   console=err, transient=True) as progress:
         task = progress.add_task("", total=None)
-        return scan(sources, config=config, progress=lambda spec: progress.update(task, description=spec))
+        return scan(sources, config=config, progress=lambda spec: progress.update(task, description=shown(spec)))
+
+
+def say(level: str, message: str, *, clean: Callable[[str], str] = scrub) -> None:
+    """One ``error`` or ``warning`` line on stderr, as every face prints one: secrets masked by
+    ``clean`` (the environment's and any URL's userinfo by default), control characters and CI
+    commands shown inert (``printable``), never taken as markup, never wrapped (a wrapped line could
+    start with a name's ``::``)."""
+    style = "red" if level == "error" else "yellow"
+    err.print(f"[{style}]{level}[/] " + escape(printable(clean(message))), highlight=False, soft_wrap=True)
 
 
 def report_errors(result: ScanResult) -> None:
     """Every unreadable source or run on stderr, naming it and why (a name's control characters shown
-    as escapes, so each message stays its own line)."""
+    as escapes, so each message stays its own line; no SOURCE's credentials)."""
+    clean = secret_free(result)
     for s in result.sources:
         for w in s.warnings:
-            err.print("[yellow]warning[/] " + escape(printable(w)), highlight=False)
+            say("warning", w, clean=clean)
         for e in s.errors:
-            err.print("[red]error[/] " + escape(printable(e.message)), highlight=False)
+            say("error", e.message, clean=clean)
     for r in result.results:
         if r.error:
             msg = r.error if r.error.startswith(r.lineage.name) else f"{r.lineage.name}: {r.error}"
-            err.print("[red]error[/] " + escape(printable(msg)), highlight=False)
+            say("error", msg, clean=clean)
         for seg in r.lineage.segments:
             for w in seg.warnings:
-                err.print("[yellow]warning[/] " + escape(printable(w)), highlight=False)
+                say("warning", w, clean=clean)
 
 
 
@@ -144,10 +157,9 @@ def report_errors(result: ScanResult) -> None:
 # ------------------------------------------------------------------------- errors and output files
 
 
-def error_exit(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    """``error MESSAGE`` as one line on stderr and exit ``code`` (2 by default). Never wrapped, and
-    brackets or control characters in a path are shown as they are, not taken as markup."""
-    err.print("[red]error[/] " + escape(printable(message)), highlight=False, soft_wrap=True)
+def error_exit(message: str, code: int = EXIT_USAGE, *, clean: Callable[[str], str] = scrub) -> NoReturn:
+    """``error MESSAGE`` as one line on stderr (``say``) and exit ``code`` (2 by default)."""
+    say("error", message, clean=clean)
     raise typer.Exit(code)
 
 

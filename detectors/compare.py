@@ -7,16 +7,18 @@ why it is built the way it is, lives in ``klwatch.comparison``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Annotated, Any, Optional
 
 import typer
 
-from .cli_common import MetricOpt, err, error_exit
+from .cli_common import MetricOpt, error_exit, say
 from .comparison import CompareConfig, Comparison, compare_runs, first_resume, fmt_ratio, log_ratio
-from .model import LineageResult
+from .model import LineageResult, ScanResult
 from .pipeline import ScanConfig, matches_pattern, scan
-from .report import EXIT_UNREADABLE, json_safe, json_text, printable, round_sig
+from .redact import redact_spec, redactor
+from .report import EXIT_UNREADABLE, clean_strings, json_safe, json_text, printable, round_sig, secret_free
 from .sources import split_pattern
 
 EXIT_AGREE, EXIT_PARTED = 0, 1
@@ -33,9 +35,20 @@ class CompareReadError(Exception):
 
 
 def resolve_run(spec: str, *, role: str, config: ScanConfig) -> LineageResult:
-    """The single training run a SOURCE (possibly with ``#PATTERN``) names, read through the pipeline."""
+    """The single training run a SOURCE (possibly with ``#PATTERN``) names, read through the pipeline;
+    the messages of its exceptions name the SOURCE without credentials."""
     base, pattern = split_pattern(spec)
     result = scan([base], config=config)
+    try:
+        return _one_run(result, role=role, spec=spec, pattern=pattern)
+    except (CompareUsageError, CompareReadError) as exc:
+        raise type(exc)(secret_free(result)(str(exc))) from None
+
+
+def _one_run(result: ScanResult, *, role: str, spec: str, pattern: str | None) -> LineageResult:
+    """The one training run of ``result`` that ``#PATTERN`` keeps, or the exception saying why not."""
+    base = split_pattern(spec)[0]
+    spec, base = redact_spec(spec), redact_spec(base)
     errors = [e.message for s in result.sources for e in s.errors]
     if result.nothing_read:
         raise CompareReadError(f"{role} {spec}: nothing could be read" + (f" ({'; '.join(errors)})" if errors else ""))
@@ -65,8 +78,9 @@ def _trackers(r: LineageResult) -> list[str]:
 
 
 def _side(spec: str, r: LineageResult) -> dict[str, Any]:
-    """One run's part of the JSON report: what the SOURCE named, and what was compared of it."""
-    return {"spec": spec, "id": r.lineage.id, "name": r.lineage.name,
+    """One run's part of the JSON report: what the SOURCE named (without credentials), and what was
+    compared of it."""
+    return {"spec": redact_spec(spec), "id": r.lineage.id, "name": r.lineage.name,
             "trackers": _trackers(r), "metric": r.metric,
             "boundaries": [int(b.step) for b in r.lineage.boundaries]}
 
@@ -99,16 +113,17 @@ def compare_command(
     """
     if fmt not in ("table", "json"):
         error_exit(f"--format must be table or json, not {fmt!r}")
+    clean = redactor([control, resumed])
     c_run, r_run = _resolve_both(control, resumed, ScanConfig(metrics=tuple(metric or ()), findings=False))
     resume_step, resume_from = _resume_step(r_run, spec=resumed, from_step=from_step)
     cmp = compare_runs(c_run, r_run, resume_step=resume_step, config=CompareConfig(sigmas=sigmas, window=window))
     if cmp.verdict == "insufficient":
-        error_exit(cmp.explanation)
+        error_exit(cmp.explanation, clean=clean)
     if fmt == "json":
-        print(json_text(comparison_dict(cmp, control=_side(control, c_run), resumed=_side(resumed, r_run),
-                                        resume_from=resume_from)))
+        print(json_text(clean_strings(comparison_dict(cmp, control=_side(control, c_run), resumed=_side(resumed, r_run),
+                                                      resume_from=resume_from), clean)))
     else:
-        _render_table(cmp, c_run, r_run, resume_from)
+        _render_table(cmp, c_run, r_run, resume_from, clean)
     raise typer.Exit(EXIT_PARTED if cmp.verdict == "parted" else EXIT_AGREE)
 
 
@@ -129,7 +144,8 @@ def _resume_step(r_run: LineageResult, *, spec: str, from_step: int | None) -> t
         return from_step, "--from-step"
     step = first_resume(r_run)
     if step is None:
-        error_exit(f"RESUMED {spec}: no resume found in run {r_run.lineage.name}; give --from-step STEP")
+        error_exit(f"RESUMED {redact_spec(spec)}: no resume found in run {r_run.lineage.name}; give --from-step STEP",
+                   clean=redactor([spec]))
     return step, "first boundary of RESUMED"
 
 
@@ -138,18 +154,22 @@ def _g(x: float | None) -> str:
     return "-" if x is None else f"{x:.4g}"
 
 
-def _render_table(cmp: Comparison, c_run: LineageResult, r_run: LineageResult, resume_from: str) -> None:
-    """The verdict as a two-column table on stdout, the explanation under it, warnings on stderr."""
+def _render_table(cmp: Comparison, c_run: LineageResult, r_run: LineageResult, resume_from: str,
+                  clean: Callable[[str], str]) -> None:
+    """The verdict as a two-column table on stdout, the explanation under it, warnings on stderr; every
+    name shown through ``clean`` (no secret) and ``printable`` (no control character)."""
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
     from rich.text import Text
+
+    def shown(text: str) -> Text:
+        return Text(printable(clean(text)))
 
     t = Table(title="klwatch compare", show_header=False)
     t.add_column("", style="bold")
     t.add_column("")
-    t.add_row("control", Text(printable(f"{c_run.lineage.name} ({','.join(_trackers(c_run))}, {c_run.metric})")))
-    t.add_row("resumed", Text(printable(f"{r_run.lineage.name} ({','.join(_trackers(r_run))}, {r_run.metric})")))
+    t.add_row("control", shown(f"{c_run.lineage.name} ({','.join(_trackers(c_run))}, {c_run.metric})"))
+    t.add_row("resumed", shown(f"{r_run.lineage.name} ({','.join(_trackers(r_run))}, {r_run.metric})"))
     t.add_row("from step", f"{cmp.resume_step} ({resume_from})")
     t.add_row("steps compared", f"{cmp.n_pre} before, {cmp.n_post} from the resume on")
     t.add_row("tolerance", f"x{log_ratio(cmp.tolerance):.3g} (control noise {cmp.noise:.3g} in log)")
@@ -162,6 +182,6 @@ def _render_table(cmp: Comparison, c_run: LineageResult, r_run: LineageResult, r
     t.add_row("largest gap", f"x{fmt_ratio(cmp.max_ratio)} at step {cmp.max_gap_step}")
     console = Console()
     console.print(t)
-    console.print(Text(printable(cmp.explanation)), highlight=False)
+    console.print(shown(cmp.explanation), highlight=False)
     for w in cmp.warnings:
-        err.print("[yellow]warning[/] " + escape(printable(w)), highlight=False)
+        say("warning", w, clean=clean)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from xml.etree import ElementTree as ET
 
@@ -17,6 +17,7 @@ import numpy as np
 
 from . import __version__
 from .model import BoundaryVerdict, LineageResult, ScanResult
+from .redact import redact_spec, redactor
 
 SCHEMA = "klwatch.report/1"
 
@@ -76,13 +77,39 @@ def valid_unicode(text: str) -> str:
     return _SURROGATES.sub(_escaped, text)
 
 
+_CI_COMMAND = re.compile(r"^(\s*):(?=:)")
+"""A leading ``::`` (after any spaces): what starts a GitHub workflow command on a log line."""
+
+
 def printable(text: str, *, keep: str = "") -> str:
     """``text`` with control characters and lone surrogates shown as escapes (``keep`` lists control
     characters to leave, e.g. newlines in a message body), so one name cannot break a table, an XML
-    file or a terminal line. Already printable text comes back unchanged."""
+    file or a terminal line, nor become a CI command: GitHub's runner takes a legacy ``##[command]``
+    anywhere in a line (shown ``##\\[``) and ``::command::`` at its start (its first ``:`` shown
+    ``\\x3a``). Already printable text comes back unchanged."""
     if keep:
-        return _UNPRINTABLE.sub(lambda m: m.group() if m.group() in keep else _escaped(m), text)
-    return _UNPRINTABLE.sub(_escaped, text)
+        text = _UNPRINTABLE.sub(lambda m: m.group() if m.group() in keep else _escaped(m), text)
+    else:
+        text = _UNPRINTABLE.sub(_escaped, text)
+    return _CI_COMMAND.sub(r"\1\\x3a", text.replace("##[", "##\\["))
+
+
+def secret_free(result: ScanResult) -> Callable[[str], str]:
+    """What every face passes a scan's text through before showing it: the credentials of its
+    SOURCEs (userinfo, query values) and of the environment masked, any URL's userinfo removed
+    (``klwatch.redact``). A local path is shown as given."""
+    return redactor([s.spec for s in result.sources])
+
+
+def clean_strings(obj: Any, clean: Callable[[str], str]) -> Any:
+    """``obj`` (JSON-like data) with ``clean`` applied to every string in it, keys included."""
+    if isinstance(obj, str):
+        return clean(obj)
+    if isinstance(obj, dict):
+        return {clean_strings(k, clean): clean_strings(v, clean) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean_strings(v, clean) for v in obj]
+    return obj
 
 
 def json_safe(obj: Any) -> Any:
@@ -105,8 +132,10 @@ def json_safe(obj: Any) -> Any:
 
 def json_text(data: Any) -> str:
     """Indented JSON of data made safe by ``json_safe``. ``allow_nan=False``: a non-finite float that
-    slips past it is an error in the tests, never an invalid report (``"score": NaN``)."""
-    return json.dumps(data, indent=2, allow_nan=False)
+    slips past it is an error in the tests, never an invalid report (``"score": NaN``). Control
+    characters come out as ``\\u`` escapes, and so does the ``[`` of a ``##[`` (the same string to a
+    parser, but no legacy GitHub workflow command when the report is printed in a CI log)."""
+    return json.dumps(data, indent=2, allow_nan=False).replace("##[", "##\\u005b")
 
 
 def boundary_dict(v: BoundaryVerdict) -> dict[str, Any]:
@@ -155,16 +184,17 @@ def lineage_dict(r: LineageResult) -> dict[str, Any]:
 
 
 def to_dict(result: ScanResult) -> dict[str, Any]:
-    """The JSON report (SPEC.md ``--format json``), every float finite or None, every string valid Unicode."""
-    return json_safe({
+    """The JSON report (SPEC.md ``--format json``), every float finite or None, every string valid
+    Unicode and free of secrets (a SOURCE's spec without its userinfo or query values)."""
+    return json_safe(clean_strings({
         "schema": SCHEMA,
         "tool_version": __version__,
         "generated_at": result.generated_at,
-        "sources": [{"spec": s.spec, "kinds": list(s.kinds),
+        "sources": [{"spec": redact_spec(s.spec), "kinds": list(s.kinds),
                      "error": "; ".join(e.message for e in s.errors) or None,
                      "warnings": list(s.warnings)} for s in result.sources],
         "lineages": [lineage_dict(r) for r in result.results],
-    })
+    }, secret_free(result)))
 
 
 def to_json(result: ScanResult) -> str:
@@ -179,20 +209,31 @@ def _fmt(x: float | None) -> str:
 
 def rows(result: ScanResult) -> list[dict[str, str]]:
     """One row per boundary (or per run without one): what the table and markdown show, each cell one
-    printable line whatever the run's name holds."""
+    printable line without a secret whatever the run's name holds."""
     out = []
+    clean = secret_free(result)
+
+    def shown(text: str) -> str:
+        return printable(clean(text))
+
     for r in result.results:
         kinds = ",".join(dict.fromkeys(s.kind for s in r.lineage.segments))
-        base = {"run": printable(r.lineage.name), "tracker": kinds, "status": r.status, "metric": printable(r.metric or "-")}
+        base = {"run": shown(r.lineage.name), "tracker": kinds, "status": r.status, "metric": shown(r.metric or "-")}
         if not r.verdicts:
             note = r.error or (r.findings[0].message if r.findings and r.status == "no_kl_metric" else "")
             out.append({**base, "step": "-", "evidence": "-", "verdict": "-", "score": "-", "kl": "-",
-                        "note": printable(note)})
+                        "note": shown(note)})
         for v in r.verdicts:
             out.append({**base, "step": str(v.boundary.step), "evidence": ",".join(v.boundary.evidence),
                         "verdict": v.verdict, "score": f"{v.score:.2f}",
-                        "kl": f"{_fmt(v.kl_before)} -> {_fmt(v.kl_after)}", "note": printable(v.explanation)})
+                        "kl": f"{_fmt(v.kl_before)} -> {_fmt(v.kl_after)}", "note": shown(v.explanation)})
     return out
+
+
+def unreadable(result: ScanResult) -> list[str]:
+    """``result.unreadable`` as shown: every message free of secrets (still to be escaped per medium)."""
+    clean = secret_free(result)
+    return [clean(m) for m in result.unreadable]
 
 
 STATUS_STYLE = {"reference_reset": "bold red", "error": "red", "ok": "green", "intentional": "cyan",
@@ -226,12 +267,13 @@ def summary_line(result: ScanResult) -> str:
     return f"{len(result.results)} training run(s): {parts or 'none'}; {resets} boundary(ies) judged reference_reset."
 
 
-_MARKDOWN_CELL = str.maketrans({"\\": "\\\\", "|": "\\|", "<": "&lt;", "&": "&amp;"})
+_MARKDOWN_CELL = str.maketrans({"\\": "\\\\", "|": "\\|", "<": "&lt;", "&": "&amp;", "[": "\\[", "]": "\\]"})
 
 
 def escape_cell(text: str) -> str:
     """Text for a markdown table cell or list item, one line: a ``|`` would end the cell, a newline the
-    row, a ``<`` open HTML (``<!--`` hides the rest of the table), a backslash escape the next ``|``."""
+    row, a ``<`` open HTML (``<!--`` hides the rest of the table), a ``[`` a link or an image a viewer's
+    browser fetches (``![x](https://...)``), a backslash escape the next ``|``."""
     return printable(text).translate(_MARKDOWN_CELL)
 
 
@@ -244,7 +286,7 @@ def render_markdown(result: ScanResult) -> str:
         cells[2] = f"**{cells[2]}**" if row["status"] == "reference_reset" else cells[2]
         lines.append("| " + " | ".join(cells).replace("->", "→") + " |")
     if result.unreadable:
-        lines += ["", "Errors:", *[f"- {escape_cell(e)}" for e in result.unreadable]]
+        lines += ["", "Errors:", *[f"- {escape_cell(e)}" for e in unreadable(result)]]
     lines += ["", summary_line(result)]
     return "\n".join(lines) + "\n"
 
@@ -269,13 +311,13 @@ def junit_xml(result: ScanResult, *, finding_failures: Sequence[tuple[LineageRes
     for s in result.sources:
         for e in s.errors:
             counts["error"] += 1
-            case = ET.SubElement(suite, "testcase", classname="klwatch.source", name=s.spec)
+            case = ET.SubElement(suite, "testcase", classname="klwatch.source", name=redact_spec(s.spec))
             ET.SubElement(case, "error", message=e.message, type="source_error")
     suite.set("failures", str(counts["failure"]))
     suite.set("errors", str(counts["error"]))
     suite.set("skipped", str(counts["skipped"]))
     suite.set("tests", str(len(suite.findall("testcase"))))
-    _xml_valid(suite)
+    _xml_valid(suite, secret_free(result))
     return JUNIT_DECLARATION + ET.tostring(suite, encoding="unicode")
 
 
@@ -286,15 +328,15 @@ _XML_KEEP = "\t\n\r"
 """The only control characters XML 1.0 allows."""
 
 
-def _xml_valid(root: ET.Element) -> None:
-    """Every attribute and text under ``root`` made valid XML 1.0: a run's name or message may hold
-    control characters or undecodable bytes, which ElementTree writes as they are (then nothing parses
-    the file); they are shown as escapes instead."""
+def _xml_valid(root: ET.Element, clean: Callable[[str], str]) -> None:
+    """Every attribute and text under ``root`` made valid XML 1.0 and free of secrets (``clean``): a
+    run's name or message may hold control characters or undecodable bytes, which ElementTree writes as
+    they are (then nothing parses the file); they are shown as escapes instead."""
     for el in root.iter():
         for k, v in el.attrib.items():
-            el.set(k, printable(v, keep=_XML_KEEP))
+            el.set(k, printable(clean(v), keep=_XML_KEEP))
         if el.text:
-            el.text = printable(el.text, keep=_XML_KEEP)
+            el.text = printable(clean(el.text), keep=_XML_KEEP)
 
 
 def _junit_case(suite: ET.Element, r: LineageResult, finding_lines: list[str]) -> list[str]:

@@ -32,12 +32,12 @@ from rich.markup import escape
 
 from .alert_store import AlertState, DeliveryConfig, Sink, StateLocked, deliver
 from .alerts import Alert, alert_from_verdict, webhook_url_problem
-from .redact import redact_url
-from .cli_common import ScanOptions, SourcesArg, err, error_exit, why_unwritable, with_scan_options
+from .cli_common import ScanOptions, SourcesArg, err, error_exit, say, why_unwritable, with_scan_options
 from .model import ScanResult
 from .pipeline import ScanConfig, scan
 from .read_cache import LocalReadCache, ReadStats
-from .report import EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
+from .redact import redact_url
+from .report import EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE, printable, secret_free
 
 DEFAULT_STATE = ".klwatch-state.db"
 
@@ -106,15 +106,14 @@ def watch_command(
     or an alert could not be delivered (it stays pending in --state and is retried next time).
     """
     if not sources:
-        err.print("[red]error[/] give at least one SOURCE")
-        raise typer.Exit(EXIT_USAGE)
+        error_exit("give at least one SOURCE")
     sinks = _sinks(list(webhook or []))
     config = options.config(findings=False)
     state = _open_state(state_path, sinks)
     if not once:
         signal.signal(signal.SIGTERM, _stop)
-        err.print(f"klwatch watch: {len(sources)} source(s) every {every:g}s; state {state_path}; alerts to "
-                  + ", ".join(s.label for s in sinks), highlight=False)
+        err.print(escape(printable(f"klwatch watch: {len(sources)} source(s) every {every:g}s; state {state_path}; "
+                                   "alerts to " + ", ".join(s.label for s in sinks))), highlight=False, soft_wrap=True)
     code = EXIT_OK
     try:
         code = _poll(list(sources), config=config, state=state, sinks=sinks, dashboard_url=dashboard_url,
@@ -132,8 +131,7 @@ def _sinks(urls: list[str]) -> list[Sink]:
     for u in urls:
         problem = webhook_url_problem(u)
         if problem:
-            err.print("[red]error[/] " + escape(f"--webhook {redact_url(u)!r} is not usable: {problem}"), highlight=False)
-            raise typer.Exit(EXIT_USAGE)
+            error_exit(f"--webhook {redact_url(u)!r} is not usable: {problem}")
     return [Sink.stdout()] + [Sink.webhook(u) for u in dict.fromkeys(urls)]
 
 
@@ -189,15 +187,16 @@ def _once_exit_code(report: PassReport, state: AlertState) -> int:
 
 def _warn(message: str) -> None:
     """How ``deliver`` tells the person at the console that an alert is still pending."""
-    err.print(f"[yellow]warning[/] {message}", highlight=False)
+    say("warning", message)
 
 
 def _show_errors(result: ScanResult, shown: set[str]) -> None:
-    """Each unreadable source or run once (not at every poll)."""
+    """Each unreadable source or run once (not at every poll), without a secret or a control character."""
+    clean = secret_free(result)
     for m in result.unreadable:
         if m not in shown:
             shown.add(m)
-            err.print("[red]error[/] " + escape(f"{m}"), highlight=False)
+            say("error", m, clean=clean)
 
 
 def _show_pass(report: PassReport, state: AlertState) -> None:

@@ -139,6 +139,44 @@ def test_an_unreadable_run_is_its_own_annotation_after_the_unreadable_sources(ru
     assert plain.stderr.startswith("error: events.out.tfevents.456.host: ") and "corrupt event file" in plain.stderr
 
 
+HOSTILE_NAME = "::warning::pwned\x1b[31m\x1b]8;;http:evil\x07%0A\n::error::injected\r##[stop-commands]tok\b ![i](javascript:x) <img src=x>"
+"""A run folder's name (so the run's name) a user cannot see the harm in: workflow commands, a URL-encoded
+and a real newline, terminal escapes (colour, OSC 8 link, backspace), markdown and HTML."""
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("hostile")
+    write_run(root / HOSTILE_NAME, resumes=[40], buggy=True)
+    return root
+
+
+def _inert(text: str, *, ours: str = "::error title=klwatch") -> None:
+    """No control character, no legacy ``##[`` command anywhere, no line starting a workflow command
+    but klwatch's own annotations."""
+    assert not any(c in text for c in "\x1b\x07\x08\r"), text
+    assert "##[" not in text
+    assert all(not ln.lstrip().startswith("::") or ln.startswith(ours) for ln in text.split("\n")), text
+
+
+def test_a_hostile_run_name_is_inert_in_every_output_of_check(hostile, tmp_path):
+    summary, junit = tmp_path / "summary.md", tmp_path / "klwatch.xml"
+    gh = check(hostile, "--junit", junit, env={"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)})
+    assert gh.exit_code == 1 and len(gh.stdout.splitlines()) == 1
+    _inert(gh.stdout + gh.stderr)
+    command, _, data = gh.stdout.partition("::error title=")[2].partition("::")
+    assert "::" not in command and "," not in command.split("klwatch%3A", 1)[1]  # the title cannot end early
+    assert "%250A%0A::error::injected%0D##\\[" in data  # its "%0A" stays text, its newline one of the message
+    text = summary.read_text()
+    _inert(text)
+    assert "![i]" not in text and "<img" not in text and "&lt;img" in text
+    ET.parse(junit)  # valid XML, whatever the name holds
+    _inert(junit.read_text())
+    plain = check(hostile)
+    assert plain.exit_code == 1 and plain.stdout.startswith("\\x3a:warning::pwned\\x1b[31m")
+    _inert(plain.stdout + plain.stderr, ours="never")
+
+
 def test_sparkline_marks_each_reset_under_its_resume(runs):
     result = scan([str(runs / "bad" / "grpo-ratchet")], config=ScanConfig(findings=False))
     spark, marks = sparkline(result.results[0], width=40)

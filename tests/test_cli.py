@@ -266,3 +266,31 @@ def test_a_device_is_written_in_place_never_renamed_over():
     from klwatch.cli_common import _write_target
 
     assert _write_target(Path("/dev/null")) == (Path("/dev/null"), True)
+
+
+# ------------------------------------------------------------------ no secret, nothing live (issue 13)
+
+
+def test_a_pattern_matching_nothing_names_the_source_without_its_password():
+    import hostile_servers as hs
+
+    with hs.HostileServer(hs.mlflow_routes()) as server:
+        spec = f"mlflow://bob:hunter2-planted@127.0.0.1:{server.port}#nomatch-*"
+        out = klwatch("scan", spec, "--format", "json")
+    assert out.returncode == 3, out.stderr
+    assert "hunter2-planted" not in out.stdout + out.stderr
+    assert out.stderr == (f"error mlflow://***@127.0.0.1:{server.port}#nomatch-*: no training run matches "
+                          "#nomatch-*\n")
+    assert json.loads(out.stdout)["sources"][0]["spec"] == f"mlflow://***@127.0.0.1:{server.port}#nomatch-*"
+
+
+def test_a_hostile_run_name_is_inert_in_the_table_and_on_stderr(tmp_path):
+    name = "::error::x\x1b[2J\x1b]52;c;cHduZWQ=\x07 ##[add-mask]y [bold]z[/]"
+    write_run(tmp_path / name, resumes=[40], buggy=True)
+    (tmp_path / name / "events.out.tfevents.0.bad").write_bytes(b"\x00" * 40)  # a warning naming the run
+    out = klwatch("scan", tmp_path)
+    assert out.returncode in (1, 3), out.stderr
+    both = out.stdout + out.stderr
+    assert "\x1b" not in both and "\x07" not in both and "##[" not in both
+    assert "\\x1b]52;c;cHduZWQ=\\x07" in out.stdout and "[bold]z[/]" in out.stdout  # shown, not obeyed
+    assert all(not ln.lstrip().startswith("::") for ln in both.splitlines())

@@ -262,3 +262,51 @@ def test_junit_is_parseable_whatever_the_names_and_messages_hold(logs):
     assert [c.get("name") for c in suite.iter("testcase")][0] == "ctl\\x01\\x1b[31m<&>\\xff\\ufffe"
     assert suite.find("testcase/failure").text == "why\\x00 \\xe9"
     assert junit_xml(result).startswith("<?xml version='1.0' encoding='utf-8'?>\n")
+
+
+# ------------------------------------------------------------------ no secret, nothing live (issue 13)
+
+PASSWORD = "hunter2-planted"
+SECRET_SPEC = f"mlflow://bob:{PASSWORD}@127.0.0.1:99999/exp#grpo-*"
+
+
+@pytest.fixture
+def with_secrets(logs: Path, monkeypatch: pytest.MonkeyPatch) -> ScanResult:
+    """A scan whose SOURCE has a password, whose messages quote it (as a careless reader would), and
+    whose run names and warnings quote a token from the environment and hold terminal escapes."""
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "env-token-planted")
+    from klwatch.model import SourceError
+
+    result = scan_of(logs / "runs", SECRET_SPEC)
+    src = result.sources[1]
+    src.errors.append(SourceError(src.spec, f"{src.spec}: said {PASSWORD} and Bearer env-token-planted"))
+    src.warnings.append(f"retrying {SECRET_SPEC}")
+    result.results[0].lineage.name = "run env-token-planted \x1b]52;c;cHduZWQ=\x07 ::error::x ##[add-mask]y ![i](http://e/i.png)"
+    return result
+
+
+def _no_secret(text: str) -> None:
+    assert PASSWORD not in text and "env-token-planted" not in text
+    assert "\x1b" not in text and "\x07" not in text and "##[" not in text
+
+
+def test_no_output_of_a_scan_holds_a_secret_or_a_live_control_sequence(with_secrets):
+    report = to_dict(with_secrets)
+    assert [s["spec"] for s in report["sources"]][1] == "mlflow://***@127.0.0.1:99999/exp#grpo-*"
+    buf = io.StringIO()
+    render_table(with_secrets, Console(file=buf, width=300, force_terminal=False))
+    for text in (to_json(with_secrets), render_markdown(with_secrets), buf.getvalue(), junit_xml(with_secrets)):
+        _no_secret(text)
+    suite = ET.fromstring(junit_xml(with_secrets).encode())
+    assert "mlflow://***@127.0.0.1:99999/exp#grpo-*" in [c.get("name") for c in suite.iter("testcase")]
+    assert "![i]" not in render_markdown(with_secrets) and "!\\[i\\]" in render_markdown(with_secrets)
+
+
+def test_printable_leaves_no_github_workflow_command_in_a_line():
+    assert printable("::error::x") == "\\x3a:error::x" and printable(" \u3000::set-output") == " \u3000\\x3a:set-output"
+    assert printable("a ##[stop-commands]tok") == "a ##\\[stop-commands]tok" and printable("a::b") == "a::b"
+    assert json.loads(json_text({"n": "##[error]x"})) == {"n": "##[error]x"} and "##[" not in json_text({"n": "##[x"})
+
+
+def test_a_markdown_cell_has_no_link_or_image():
+    assert escape_cell("![x](http://attacker/p.png) [y](javascript:z)") == "!\\[x\\](http://attacker/p.png) \\[y\\](javascript:z)"
