@@ -20,7 +20,8 @@ from typing import Any
 from urllib.parse import quote, unquote, urlencode, urlsplit, urlunsplit
 
 from .model import BoundaryVerdict, LineageResult
-from .redact import scrub
+from .redact import redact_spec, scrub, without_userinfo
+from .report import printable
 
 ALERT_KEY_HEADER = "X-Klwatch-Alert-Key"
 _KEY_SAFE = "/:@#!$&'()*+,;=-._~"
@@ -78,19 +79,22 @@ class Alert:
 
 
 def alert_from_verdict(result: LineageResult, verdict: BoundaryVerdict, *, source: str) -> Alert:
-    """The alert for one judged boundary: plain values only, so it round-trips through the state file."""
+    """The alert for one judged boundary: plain values only, so it round-trips through the state file;
+    its SOURCE without credentials, since the alert travels to webhooks and is kept in the state file."""
     b = verdict.boundary
     return Alert(lineage_id=result.lineage.id, run=result.lineage.name, step=int(b.step),
                  resumed_from_step=None if b.resumed_from_step is None else int(b.resumed_from_step),
                  metric=result.metric, kl_before=verdict.kl_before, kl_after=verdict.kl_after,
                  score=float(verdict.score), explanation=verdict.explanation, evidence=list(b.evidence),
-                 source=source, verdict=verdict.verdict)
+                 source=redact_spec(source), verdict=verdict.verdict)
 
 
 def dashboard_link(base: str | None, lineage_id: str) -> str | None:
-    """The dashboard view of one training run: ``BASE?run=<lineage id>``."""
+    """The dashboard view of one training run: ``BASE?run=<lineage id>``, without any userinfo of
+    BASE (the link goes to a chat and a console; a viewer signs in for themselves)."""
     if not base:
         return None
+    base = without_userinfo(base)
     sep = "&" if "?" in base else "?"
     return f"{base}{sep}{urlencode({'run': lineage_id})}"
 
@@ -101,32 +105,40 @@ def _g(x: float | None) -> str:
 
 
 def alert_line(alert: Alert, *, dashboard_url: str | None) -> str:
-    """The stdout sink's one line."""
+    """The stdout sink's one line: a run's name cannot break it, colour a terminal or start a CI command."""
     since = f" (resumed from step {alert.resumed_from_step})" if alert.resumed_from_step is not None else ""
     link = dashboard_link(dashboard_url, alert.lineage_id)
-    return (f"klwatch ALERT reference reset: run {alert.run} [{alert.lineage_id}] at step {alert.step}{since}: "
-            f"KL {_g(alert.kl_before)} -> {_g(alert.kl_after)}, score {alert.score:.2f}"
-            + (f" {link}" if link else ""))
+    return printable(scrub(f"klwatch ALERT reference reset: run {alert.run} [{alert.lineage_id}] at step {alert.step}"
+                           f"{since}: KL {_g(alert.kl_before)} -> {_g(alert.kl_after)}, score {alert.score:.2f}"
+                           + (f" {link}" if link else "")))
+
+
+_SLACK_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
+
+
+def _mrkdwn(text: str) -> str:
+    """Untrusted text (a run's name, a metric) inside Slack mrkdwn: no ``<url|link>`` or mention of its own."""
+    return scrub(text).translate(_SLACK_ESCAPES)
 
 
 def slack_payload(alert: Alert, *, dashboard_url: str | None) -> dict[str, Any]:
     """A Slack-compatible body: ``text`` (notifications, plain receivers) and ``blocks`` (rich view)."""
     link = dashboard_link(dashboard_url, alert.lineage_id)
     since = str(alert.resumed_from_step) if alert.resumed_from_step is not None else "unknown"
-    text = (f":rotating_light: KL reference reset in run *{alert.run}* at step {alert.step}: "
+    text = (f":rotating_light: KL reference reset in run *{_mrkdwn(alert.run)}* at step {alert.step}: "
             f"KL {_g(alert.kl_before)} -> {_g(alert.kl_after)} (score {alert.score:.2f})")
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": "KL reference reset after a resume"}},
-        {"type": "section", "text": {"type": "mrkdwn", "text": f"*{alert.run}*\n{alert.explanation}"},
+        {"type": "section", "text": {"type": "mrkdwn", "text": f"*{_mrkdwn(alert.run)}*\n{_mrkdwn(alert.explanation)}"},
          "fields": [
-             {"type": "mrkdwn", "text": f"*Run*\n`{alert.lineage_id}`"},
+             {"type": "mrkdwn", "text": f"*Run*\n`{_mrkdwn(alert.lineage_id)}`"},
              {"type": "mrkdwn", "text": f"*Step*\n{alert.step} (resumed from {since})"},
              {"type": "mrkdwn", "text": f"*KL before -> after*\n{_g(alert.kl_before)} -> {_g(alert.kl_after)}"},
              {"type": "mrkdwn", "text": f"*Score*\n{alert.score:.2f}"},
          ]},
         {"type": "context", "elements": [
-            {"type": "mrkdwn", "text": f"metric `{alert.metric or '-'}` · evidence {', '.join(alert.evidence) or '-'}"
-                                       f" · source `{alert.source}`"}]},
+            {"type": "mrkdwn", "text": f"metric `{_mrkdwn(alert.metric or '-')}` · evidence {', '.join(alert.evidence) or '-'}"
+                                       f" · source `{_mrkdwn(redact_spec(alert.source))}`"}]},
     ]
     if link:
         blocks.append({"type": "actions", "elements": [

@@ -1,5 +1,6 @@
 """Alert sinks against a real HTTP receiver on 127.0.0.1: the body a Slack webhook accepts, retries
-with backoff, and no secret of a webhook URL in anything printed."""
+with backoff, and no secret of a webhook URL in anything printed (how URLs are redacted:
+tests/test_redact.py)."""
 
 from __future__ import annotations
 
@@ -11,34 +12,12 @@ import pytest
 
 from klwatch.alerts import (ALERT_KEY_HEADER, Alert, alert_line, dashboard_link, post_webhook,
                               slack_payload, webhook_url_problem)
-from klwatch.redact import redact_url, scrub
 
 
 ALERT = Alert(lineage_id="tensorboard:runs:grpo/7b", run="grpo-7b", step=41, resumed_from_step=40,
               metric="train/kl_penalty", kl_before=0.118, kl_after=5.7e-06, score=0.998,
               explanation="KL fell from 0.118 to 5.7e-06 at the resume.", evidence=["new_event_file", "time_gap"],
               source="runs/")
-
-
-@pytest.mark.parametrize("url, shown, secret", [
-    ("https://hooks.slack.com/services/T0AAA1111/B0BBB2222/abcdefghijklmnopqrstuvwx",
-     "https://hooks.slack.com/services/***", "abcdefghijklmnopqrstuvwx"),
-    ("https://discord.com/api/webhooks/123456789012345678/Zx9_token-Value", "https://discord.com/api/webhooks/***",
-     "Zx9_token-Value"),
-    ("https://alice:s3cretpw@alerts.example.com/notify?token=qwerty123#frag",
-     "https://***@alerts.example.com/notify?***#***", "s3cretpw"),
-    ("https://alerts.example.com/hook/9f86d081884c7d659a2feaa0c55ad015", "https://alerts.example.com/hook/***",
-     "9f86d081884c7d659a2feaa0c55ad015"),
-])
-def test_redacted_url_hides_tokens_userinfo_and_query(url, shown, secret):
-    assert redact_url(url) == shown
-    assert secret not in redact_url(url)
-    message = f"POST {url} failed; path {urlsplit(url).path}; query {urlsplit(url).query}"
-    assert secret not in scrub(message, [url])
-
-
-def test_plain_loopback_url_is_shown_as_is():
-    assert redact_url("http://127.0.0.1:8080/hook") == "http://127.0.0.1:8080/hook"
 
 
 def test_slack_body_names_run_step_kl_score_and_links_the_dashboard_view():
@@ -134,3 +113,32 @@ def test_the_key_header_reaches_the_receiver_for_an_odd_name(receiver):
     odd = replace(ALERT, lineage_id="tensorboard:runs:\u8bad\u7ec3")
     assert post_webhook(receiver.url + "/hook", {"text": "x"}, key=odd.key, attempts=1).ok
     assert receiver.requests[0].headers[ALERT_KEY_HEADER] == odd.key
+
+
+HOSTILE = "evil\x1b[31m\x1b]8;;http://attacker.example/\x07link\x1b]8;;\x07 <http://attacker.example|click> @here &"
+
+
+def test_a_hostile_run_name_is_inert_on_the_console_and_in_slack():
+    alert = replace(ALERT, run=HOSTILE, metric="kl`<!channel>`", source="mlflow://bob:pw-123456@h:5000#x")
+    line = alert_line(alert, dashboard_url="https://viewer:dash-pw-1@klwatch.example.com/")
+    assert "\x1b" not in line and "\x07" not in line and "\\x1b]8;;" in line
+    assert "dash-pw-1" not in line and "https://klwatch.example.com/?run=" in line
+    body = slack_payload(alert, dashboard_url="https://viewer:dash-pw-1@klwatch.example.com/")
+    shown = json.dumps([body["text"], body["blocks"]])  # what Slack renders (``klwatch`` is data for programs)
+    assert "<http://attacker" not in shown and "<!channel>" not in shown
+    assert "&lt;http://attacker.example|click&gt;" in shown
+    assert "dash-pw-1" not in json.dumps(body) and "pw-123456" not in json.dumps(body)
+    assert "mlflow://***@h:5000#x" in shown
+
+
+def test_an_alert_names_its_source_without_credentials():
+    from klwatch.alerts import alert_from_verdict
+    from klwatch.model import Boundary, BoundaryVerdict, Lineage, LineageResult
+
+    b = Boundary(step=21, resumed_from_step=20, evidence=["new_tracker_run"], piece_index=1)
+    v = BoundaryVerdict(boundary=b, verdict="reference_reset", score=0.99, kl_before=0.1, kl_after=0.0,
+                        explanation="x")
+    r = LineageResult(lineage=Lineage(id="mlflow:x", name="x", segments=[]), metric="kl", status="reference_reset",
+                      verdicts=[v])
+    alert = alert_from_verdict(r, v, source="mlflow://bob:pw-123456@127.0.0.1:5000/exp")
+    assert alert.source == "mlflow://***@127.0.0.1:5000/exp" and "pw-123456" not in alert.to_json()
