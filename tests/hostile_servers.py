@@ -1,7 +1,9 @@
 """Broken and hostile HTTP servers on 127.0.0.1, for the faults a real server will not produce on
 demand (issue 12): pagination that never advances, a body trickled a byte every few seconds, a body
 without end, JSON that is not JSON, a ``Content-Length`` the body never reaches, a server that never
-answers.
+answers; and for issue 13, a server that echoes the request's headers (credentials included) in its
+error message, and one that redirects elsewhere. Each request's headers are recorded, so any of them
+is a recorder of what credentials it was sent.
 
 ``HostileServer(answer)`` accepts connections and hands each parsed request to ``answer(request,
 conn)``, which writes raw bytes to the socket: nothing in HTTP is assumed of the answer. Each
@@ -30,6 +32,8 @@ class Request:
     method: str
     path: str
     body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    """Header names lower-cased."""
 
     @property
     def route(self) -> str:
@@ -106,7 +110,7 @@ def _read_request(conn: socket.socket) -> Request | None:
         if not chunk:
             break
         body += chunk
-    return Request(method=method, path=path, body=body)
+    return Request(method=method, path=path, body=body, headers=fields)
 
 
 def head(status: int, headers: dict[str, str]) -> bytes:
@@ -209,6 +213,23 @@ def short_body_answer(length: int) -> Answer:
     def answer(req: Request, conn: socket.socket, stop: threading.Event) -> None:
         conn.sendall(head(200, {"Content-Type": "application/json", "Content-Length": str(length)})
                      + b'{"experiments": [')
+    return answer
+
+
+def echo_headers_answer(status: int = 500) -> Answer:
+    """An MLflow-shaped error whose message quotes every header of the request (an Authorization
+    header included), as a careless or hostile server may."""
+    def answer(req: Request, conn: socket.socket, stop: threading.Event) -> None:
+        first = sorted(req.headers.items(), key=lambda kv: kv[0] != "authorization")  # within the quoted part
+        said = "; ".join(f"{k}: {v}" for k, v in first)
+        send_json(conn, status, {"error_code": "INTERNAL_ERROR", "message": f"{req.method} {req.path} with {said}"})
+    return answer
+
+
+def redirect_answer(location: str, status: int = 302) -> Answer:
+    """A redirect to ``location`` (another server: where a client must not carry credentials)."""
+    def answer(req: Request, conn: socket.socket, stop: threading.Event) -> None:
+        conn.sendall(head(status, {"Location": location, "Content-Length": "0"}))
     return answer
 
 

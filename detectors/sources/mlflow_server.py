@@ -19,6 +19,14 @@ The environment MLflow users already set is honoured: ``MLFLOW_TRACKING_TOKEN`` 
 ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR`` (with klwatch's own, shorter defaults). Nothing here writes
 to the server, and no message ever contains a credential.
 
+Credentials go only where they were configured for (issue 13). Those in the environment are sent to
+the server of ``MLFLOW_TRACKING_URI`` (same scheme, host and port) when that is set, and to no other:
+a SOURCE naming another server is read without them, with one warning naming both servers (never a
+credential); when ``MLFLOW_TRACKING_URI`` is not set they go to the servers the operator names on the
+command line, as MLflow's own client would. Credentials in a SOURCE's ``user:password@`` go to that
+SOURCE's server only. A redirect is never followed (an error names where it pointed): a server cannot
+send klwatch, or its credentials, to another host.
+
 A server is untrusted input (issue 12). Every request's time and body are charged to the SOURCE's
 read budget (``limits``): bodies are streamed in chunks and the byte bound enforced while reading
 (an endless body stops there, a ``Content-Length`` beyond what is left is refused unread); socket
@@ -43,7 +51,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urljoin, urlsplit
 
 import numpy as np
 import requests
@@ -53,7 +61,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ReadTimeoutError
 
 from ..model import Segment, Series, SourceError, SourceRead
-from ..redact import redact_spec
+from ..redact import basic_auth, redact_spec, redact_url, scrub
 from .limits import Budget, LimitExceeded, current_budget
 from .mlflow_local import PARENT_RUN_TAG, RUN_NAME_TAG, by_start_time, finite_or_nan, parse_param, run_segment
 
@@ -79,6 +87,7 @@ PARALLEL_REQUESTS = 4
 """History requests in flight at once: a server with several workers answers them in parallel."""
 
 _RETRY_STATUS = {429, 500, 502, 503, 504}
+ENV_CREDENTIALS = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
 
 
 class ServerError(Exception):
@@ -122,6 +131,51 @@ def parse_spec(spec: str) -> ServerSpec:
     return ServerSpec(base_url=base, experiment=exp,
                       username=unquote(parts.username) if parts.username else None,
                       password=unquote(parts.password) if parts.password else None)
+
+
+def _origin(url: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of an http(s) URL, the port defaulted by scheme; None for anything else."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname:
+        return None
+    return scheme, parts.hostname.lower(), port or (443 if scheme == "https" else 80)
+
+
+def _shown_origin(origin: tuple[str, str, int]) -> str:
+    scheme, host, port = origin
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def env_credentials_allowed(base_url: str) -> tuple[bool, str | None]:
+    """Whether the credentials set in the environment may be sent to ``base_url``, and the warning to
+    give when they are withheld: they belong to ``MLFLOW_TRACKING_URI``'s server when that is set (a
+    SOURCE on the command line, or one a dashboard link names, may point anywhere); without it, to
+    the servers the operator names. The warning names servers and variables, never a value."""
+    names = [n for n in ENV_CREDENTIALS if os.environ.get(n)]
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+    if not names or not uri:
+        return True, None
+    configured, here = _origin(uri), _origin(base_url)
+    if configured is not None and configured == here:
+        return True, None
+    kind = uri if uri.isalpha() else (_safe_scheme(uri) or "local")  # "databricks", "file:...", a path
+    where = _shown_origin(configured) if configured else f"a {kind} tracking URI, not an http(s) server"
+    return False, (f"credentials withheld from mlflow server {base_url}: {' / '.join(names)} "
+                   f"{'is' if len(names) == 1 else 'are'} configured for another host, {where} (MLFLOW_TRACKING_URI)")
+
+
+def _safe_scheme(uri: str) -> str:
+    """A URI's scheme, and nothing else of it (the rest may hold a password)."""
+    try:
+        scheme = urlsplit(uri).scheme
+    except ValueError:
+        return ""
+    return scheme if scheme.replace("+", "").isalnum() else ""
 
 
 def _env_float(name: str, default: float) -> float:
@@ -205,14 +259,17 @@ class RestClient:
         self.connect_timeout = min(DEFAULT_CONNECT_TIMEOUT_S, self.timeout)
         self.retries = max(0, int(_env_float("MLFLOW_HTTP_REQUEST_MAX_RETRIES", DEFAULT_MAX_RETRIES)))
         self.backoff = max(0.0, _env_float("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", DEFAULT_BACKOFF_FACTOR))
-        user = server.username or os.environ.get("MLFLOW_TRACKING_USERNAME")
-        password = server.password or os.environ.get("MLFLOW_TRACKING_PASSWORD")
-        token = os.environ.get("MLFLOW_TRACKING_TOKEN")
+        env_ok, self.withheld = env_credentials_allowed(self.base)
+        env = os.environ if env_ok else {}
+        user = server.username or env.get("MLFLOW_TRACKING_USERNAME")
+        password = server.password or env.get("MLFLOW_TRACKING_PASSWORD")
+        token = env.get("MLFLOW_TRACKING_TOKEN")
         self._auth = (user, password) if user and password else None
         self._headers = {"User-Agent": "klwatch"}
         if token and not self._auth:
             self._headers["Authorization"] = f"Bearer {token}"
         self.has_credentials = bool(self._auth or token)
+        self._secrets = [v for v in (token, password, basic_auth(user, password) if self._auth else None) if v]
         self._verify: bool | str = True
         if os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true":
             self._verify = False
@@ -251,6 +308,11 @@ class RestClient:
                 session.close()
             self._sessions.clear()
 
+    def shown(self, message: str) -> str:
+        """``message`` without the credentials this client sends (a server may quote them back in an
+        error message, as a header it echoes), nor any other a message should not hold."""
+        return scrub(message, self._secrets)
+
     def get(self, route: str, params: Any) -> dict[str, Any]:
         return self._call("GET", route, params=params)
 
@@ -286,7 +348,8 @@ class RestClient:
     def _auth_message(self, status: int) -> str:
         hint = ("the credentials in MLFLOW_TRACKING_TOKEN / MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD "
                 "were refused" if self.has_credentials else
-                "set MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD")
+                "the environment's credentials were withheld (MLFLOW_TRACKING_URI names another server)"
+                if self.withheld else "set MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD")
         return f"{self.where}: HTTP {status} {'unauthorized' if status == 401 else 'forbidden'}: {hint}"
 
     def _request(self, method: str, route: str, **kwargs: Any) -> tuple[int, bytearray]:
@@ -295,7 +358,8 @@ class RestClient:
         timeout = (max(0.001, min(self.connect_timeout, left)), max(0.001, min(self.timeout, left)))
         capped = timeout[1] < self.timeout  # a read timeout then means the SOURCE's deadline
         try:
-            resp = self._session().request(method, self.base + route, timeout=timeout, stream=True, **kwargs)
+            resp = self._session().request(method, self.base + route, timeout=timeout, stream=True,
+                                           allow_redirects=False, **kwargs)
         except requests.exceptions.SSLError as exc:
             self._check_deadline(route)
             raise ServerError(f"{self.where}: TLS handshake failed ({str(exc)[:200]}); for a private "
@@ -316,9 +380,17 @@ class RestClient:
             raise ServerError(f"{self.where}: request to {route} failed: {type(exc).__name__}",
                               transport=True) from exc
         try:
+            if resp.is_redirect:
+                raise ServerError(self._redirect_message(route, resp), status=resp.status_code, transport=True)
             return resp.status_code, self._body(resp, route, capped)
         finally:
             resp.close()
+
+    def _redirect_message(self, route: str, resp: requests.Response) -> str:
+        """Why a redirect is not followed, naming where it pointed (without its credentials or query)."""
+        target = redact_url(urljoin(self.base + route, resp.headers.get("Location", "")))
+        return (f"{self.where}: answered {route} with HTTP {resp.status_code}, a redirect to {target}; not followed "
+                "(requests and credentials go only to the server given: give the address it redirects to)")
 
     def _body(self, resp: requests.Response, route: str, capped: bool) -> bytearray:
         """The body, streamed in chunks each charged to the budget as it arrives: an endless body
@@ -609,13 +681,15 @@ def read_mlflow_server(spec: str) -> SourceRead:
         out.errors.append(SourceError(safe_spec, f"{safe_spec}: {exc}"))
         return out
     api = RestClient(server)
+    if api.withheld:
+        out.warnings.append(api.withheld)
     try:
         _read(api, server, out)
     except (ServerError, LimitExceeded) as exc:
-        out.errors.append(SourceError(safe_spec, str(exc)))
+        out.errors.append(SourceError(safe_spec, api.shown(str(exc))))
     except Exception as exc:  # an answer of a shape we did not expect: still name the server
         out.errors.append(SourceError(
-            safe_spec, f"mlflow server {server.base_url}: unexpected answer ({type(exc).__name__}: {exc})"))
+            safe_spec, api.shown(f"mlflow server {server.base_url}: unexpected answer ({type(exc).__name__}: {exc})")))
     finally:
         api.close()
     return out
@@ -640,7 +714,7 @@ def _read(api: RestClient, server: ServerSpec, out: SourceRead) -> None:
         exp_name = exp_names.get(eid, eid)
         err = None
         if run_errors.get(rid):
-            err = f"{rid}: could not read its metric history: {run_errors[rid][0]}"
+            err = api.shown(f"{rid}: could not read its metric history: {run_errors[rid][0]}")
         segs.append(run_segment(
             run_id=rid, source=out.spec, run_names=names, tags=tags,
             config={p["key"]: parse_param(p.get("value", "")) for p in run.get("data", {}).get("params", [])},

@@ -21,6 +21,12 @@ from mlflow_server import MlflowServer, free_port
 
 pytestmark = pytest.mark.server
 
+
+@pytest.fixture(autouse=True)
+def no_tracking_uri(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where credentials go depends on MLFLOW_TRACKING_URI: the tests set it when they mean to."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
 T0 = 1_760_000_000_000  # ms
 SECRET = "s3cr3t-t0ken-never-printed"
 
@@ -446,3 +452,85 @@ def test_huge_content_length_with_a_short_body_is_an_error_naming_the_server(pat
                           "broke off before the 1,000,000,000 bytes it announced")
     assert "gave up after 2 attempts" in msg and server.count(hs.EXPERIMENTS) == 2
     assert took < 30 and peak < 64_000_000
+
+
+# -- credentials go only where they were configured for (issue 13) ---------------------------------
+
+
+def _auth_headers(server: hs.HostileServer) -> list[str | None]:
+    return [r.headers.get("authorization") for r in server.requests]
+
+
+def test_the_environments_token_goes_only_to_the_tracking_uris_server(monkeypatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", SECRET)
+    with hs.HostileServer(hs.mlflow_routes()) as recorder:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://mlflow.example.com")
+        elsewhere = read_source(recorder.spec)
+        sent_elsewhere = _auth_headers(recorder)
+        recorder.requests.clear()
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{recorder.port}/")
+        configured = read_source(recorder.spec)
+    assert sent_elsewhere and sent_elsewhere == [None] * len(sent_elsewhere)
+    assert not elsewhere.errors and len(elsewhere.segments) == 1  # read, without the credentials
+    [warning] = elsewhere.warnings
+    assert warning == (f"credentials withheld from mlflow server http://127.0.0.1:{recorder.port}: "
+                       "MLFLOW_TRACKING_TOKEN is configured for another host, https://mlflow.example.com:443 "
+                       "(MLFLOW_TRACKING_URI)")
+    assert _auth_headers(recorder) == [f"Bearer {SECRET}"] * len(recorder.requests)
+    assert not configured.warnings and not configured.errors
+
+
+@pytest.mark.parametrize("uri", ["http://localhost:{port}", "https://127.0.0.1:{port}", "http://127.0.0.1:1",
+                                 "databricks", "sqlite:///mlflow.db"])
+def test_basic_auth_from_the_environment_is_withheld_from_any_other_server(monkeypatch, uri: str) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "alice")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", SECRET)
+    with hs.HostileServer(hs.mlflow_routes()) as recorder:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri.format(port=recorder.port))
+        read = read_source(recorder.spec)
+    assert recorder.requests and _auth_headers(recorder) == [None] * len(recorder.requests)
+    [warning] = read.warnings
+    assert "withheld" in warning and "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD" in warning
+    assert SECRET not in warning and "mlflow.db" not in warning
+
+
+def test_credentials_in_the_address_go_to_that_server_whatever_the_tracking_uri(monkeypatch) -> None:
+    import base64
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://mlflow.example.com")
+    with hs.HostileServer(hs.mlflow_routes()) as recorder:
+        read = read_source(f"mlflow://bob:{SECRET}@127.0.0.1:{recorder.port}")
+    expected = "Basic " + base64.b64encode(f"bob:{SECRET}".encode()).decode()
+    assert not read.errors and not read.warnings  # nothing from the environment to withhold
+    assert _auth_headers(recorder) == [expected] * len(recorder.requests)
+
+
+@pytest.mark.parametrize("how", ["userinfo", "env token"])
+def test_a_redirect_is_never_followed_so_credentials_stay_with_the_server_given(monkeypatch, how: str) -> None:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    if how == "env token":
+        monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", SECRET)
+    with hs.HostileServer(hs.mlflow_routes()) as recorder:
+        target = f"http://localhost:{recorder.port}{hs.EXPERIMENTS}?token=abc"
+        with hs.HostileServer(hs.redirect_answer(target, status=307)) as redirector:
+            spec = redirector.spec if how == "env token" else f"mlflow://bob:{SECRET}@127.0.0.1:{redirector.port}"
+            read = read_source(spec)
+    assert recorder.requests == [] and len(redirector.requests) == 1  # asked once, never followed
+    msg = one_error(read)
+    assert msg == (f"mlflow server http://127.0.0.1:{redirector.port}: answered {hs.EXPERIMENTS} with HTTP 307, "
+                   f"a redirect to http://localhost:{recorder.port}{hs.EXPERIMENTS}?***; not followed (requests and "
+                   "credentials go only to the server given: give the address it redirects to)")
+    assert SECRET not in msg
+
+
+def test_a_server_echoing_the_credentials_it_was_sent_does_not_get_them_into_a_message(monkeypatch) -> None:
+    import base64
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", SECRET)
+    with hs.HostileServer(hs.echo_headers_answer(500)) as echo:
+        by_token = one_error(read_source(echo.spec))
+        by_password = one_error(read_source(f"mlflow://bob:{SECRET}@127.0.0.1:{echo.port}"))
+    assert "Bearer ***" in by_token and "Basic ***" in by_password  # the server did echo them
+    basic = base64.b64encode(f"bob:{SECRET}".encode()).decode()
+    assert all(SECRET not in m and basic not in m for m in (by_token, by_password))
