@@ -2,7 +2,9 @@
 
 Full history only: ``run.scan_history()`` (which wandb-core serves from the run's parquet history
 export plus the rows not exported yet), never ``run.history()``, which samples 500 rows and would
-hide the one-step KL collapse at a resume. Honours ``WANDB_API_KEY`` and ``WANDB_BASE_URL``.
+hide the one-step KL collapse at a resume. Honours ``WANDB_API_KEY`` and ``WANDB_BASE_URL``; no
+message names either (the server is named by ``WANDB_BASE_URL`` without its userinfo or query, and
+every message is scrubbed of both: the client's own errors may quote the URL).
 
 Bounded time: left alone the client retries a failing server for many minutes. Unless the user
 set them, the wandb-core GraphQL and file-transfer timeouts and retries are set per request
@@ -32,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..model import Segment, Series, SourceError, SourceRead
+from ..redact import redact_spec, redact_url, scrub
 from .limits import Budget, LimitExceeded, current_budget
 from .mlflow_local import finite_or_nan
 
@@ -263,7 +266,8 @@ class _Reader:
                  timeout: float, retries: int, budget: Budget) -> None:
         self.spec, self.entity, self.project, self.run_id = spec, entity, project, run_id
         self.store = f"wandb://{entity}/{project}"
-        self.url, self.timeout, self.retries = url, timeout, retries
+        self.raw_url = url  # for finding its credentials only
+        self.url, self.timeout, self.retries = redact_url(url), timeout, retries
         self.budget = budget  # the worker thread does not see the caller's context
         self.stopped = False
         self.lock = threading.Lock()
@@ -277,9 +281,13 @@ class _Reader:
         if doing:
             self.doing = doing
 
+    def shown(self, message: str) -> str:
+        """``message`` without the server's credentials (a client's error may quote its URL)."""
+        return scrub(message, [self.raw_url])
+
     def fail(self, message: str, ref: str | None = None) -> None:
         with self.lock:
-            self.errors.append(SourceError(self.spec, message, ref=ref))
+            self.errors.append(SourceError(self.spec, self.shown(message), ref=ref))
 
     def run(self) -> None:
         try:
@@ -294,14 +302,14 @@ class _Reader:
         with self.lock:
             if not self.stopped:
                 self.stopped = True
-                self.errors.append(SourceError(self.spec, f"W&B server {self.url}: {exc}"))
+                self.errors.append(SourceError(self.spec, self.shown(f"W&B server {self.url}: {exc}")))
 
     def charge(self, obj: Any, where: str) -> None:
         """Count what the client handed back against the SOURCE's bytes (and check its time)."""
         self.budget.charge(_size(obj), where)
 
     def _run(self) -> None:
-        key = _api_key(self.url)
+        key = _api_key(self.raw_url)
         if not key:
             self.fail(f"no W&B credentials for {self.url}: set WANDB_API_KEY (or run `wandb login`)")
             return
@@ -380,7 +388,7 @@ class _Reader:
             raise  # the SOURCE's bound, not this run's fault: the read stops
         except Exception as exc:  # noqa: BLE001 - this run only
             name = f" ({seg.name})" if seg.name and seg.name != seg.ref else ""
-            seg.error = f"run {seg.ref}{name}: {describe_failure(exc, url=self.url, timeout=self.timeout)}"
+            seg.error = self.shown(f"run {seg.ref}{name}: {describe_failure(exc, url=self.url, timeout=self.timeout)}")
             seg.series = {}
         return seg
 
@@ -408,7 +416,7 @@ def read_wandb_api(spec: str) -> SourceRead:
     out = SourceRead(spec=spec, kinds=[KIND])
     m = SPEC.match(spec)
     if not m:
-        out.errors.append(SourceError(spec, f"bad W&B source {spec!r}: expected wandb://ENTITY/PROJECT "
+        out.errors.append(SourceError(spec, f"bad W&B source {redact_spec(spec)!r}: expected wandb://ENTITY/PROJECT "
                                             "or wandb://ENTITY/PROJECT/RUN_ID"))
         return out
     entity, project, run_id = m.groups()

@@ -243,3 +243,16 @@ def test_endless_history_is_cut_off_at_the_source_deadline(monkeypatch: pytest.M
     [err] = out.errors
     assert server.url in err.message and "took longer than 3 s" in err.message
     assert 2.5 < elapsed < 60
+
+
+def test_the_password_in_wandb_base_url_is_never_in_a_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server may be given with ``user:password@`` in WANDB_BASE_URL: messages name it without them."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("KLWATCH_WANDB_TIMEOUT", "2")
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://bob:hunter2-planted@127.0.0.1:{port}")
+    monkeypatch.setenv("WANDB_API_KEY", KEY)
+    [err] = read_wandb_api("wandb://team/rl").errors
+    assert err.message.startswith(f"cannot reach W&B server http://***@127.0.0.1:{port}")
+    assert "hunter2-planted" not in err.message and KEY not in err.message
