@@ -10,18 +10,37 @@ import os
 import sys
 from io import StringIO
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from . import __version__
 from .cli_common import (JunitOpt, ScanOptions, SourcesArg, check_outputs, error_exit, report_errors, run_scan,
                          tolerant_std_streams, with_scan_options, write_output)
 from .model import ScanResult
-from .report import exit_code, junit_xml, render_markdown, render_table, to_json
+from .redact import scrub
+from .report import exit_code, junit_xml, printable, render_markdown, render_table, to_json
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+
+UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+"""The usage error of the click typer runs on (its own copy in typer 0.29, click itself before)."""
+
+
+class KlwatchGroup(TyperGroup):
+    """The command group: a usage error that quotes an argument (``Got unexpected extra argument
+    (mlflow://user:PASSWORD@...)``) shows it as every other error does, scrubbed and printable."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UsageError as exc:
+            exc.message = printable(scrub(exc.message))
+            raise
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, cls=KlwatchGroup,
                   help="Catch silent bugs at checkpoint/resume boundaries of RL post-training runs.")
 
 
