@@ -160,13 +160,19 @@ def test_history_download_that_hangs_fails_that_run_in_bounded_time(monkeypatch:
     assert elapsed < 60  # the stub never answers: only klwatch's bounds end the read
 
 
-def test_unreachable_server_and_missing_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def _unreachable(monkeypatch: pytest.MonkeyPatch, userinfo: str = "") -> int:
+    """WANDB_BASE_URL naming a loopback port nothing listens on (``userinfo`` ends in ``@``); the port."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setenv("KLWATCH_WANDB_TIMEOUT", "2")
-    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://{userinfo}127.0.0.1:{port}")
     monkeypatch.setenv("WANDB_API_KEY", KEY)
+    return port
+
+
+def test_unreachable_server_and_missing_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    port = _unreachable(monkeypatch)
     [err] = read_wandb_api("wandb://team/rl").errors
     assert "cannot reach W&B server" in err.message and str(port) in err.message
     monkeypatch.delenv("WANDB_API_KEY")
@@ -247,12 +253,7 @@ def test_endless_history_is_cut_off_at_the_source_deadline(monkeypatch: pytest.M
 
 def test_the_password_in_wandb_base_url_is_never_in_a_message(monkeypatch: pytest.MonkeyPatch) -> None:
     """A server may be given with ``user:password@`` in WANDB_BASE_URL: messages name it without them."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    monkeypatch.setenv("KLWATCH_WANDB_TIMEOUT", "2")
-    monkeypatch.setenv("WANDB_BASE_URL", f"http://bob:hunter2-planted@127.0.0.1:{port}")
-    monkeypatch.setenv("WANDB_API_KEY", KEY)
+    port = _unreachable(monkeypatch, "bob:hunter2-planted@")
     [err] = read_wandb_api("wandb://team/rl").errors
     assert err.message.startswith(f"cannot reach W&B server http://***@127.0.0.1:{port}")
     assert "hunter2-planted" not in err.message and KEY not in err.message
