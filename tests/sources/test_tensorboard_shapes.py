@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-from tensorboard.compat.proto import summary_pb2
+from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.util import tensor_util
 
@@ -39,23 +39,56 @@ event = st.tuples(st.integers(-(2**40), 2**62), st.floats(1.0, 4e9),
                   st.lists(scalar_value | rare_value, min_size=1, max_size=6))
 
 
-def summary_value(kind: str, tag: str, x: float, n: int) -> list[summary_pb2.Summary.Value]:
-    """One value of ``kind`` as the writer that writes that kind builds it."""
+try:  # torch is the trl extra's; the main suite's venv may not have it
     from torch.utils.tensorboard import summary as torch_summary
+except ImportError:
+    torch_summary = None
+WRITERS = ["torch", "tensorboardX"] if torch_summary is not None else ["tensorboardX"]
 
-    if kind == "simple":
-        return list(torch_summary.scalar(tag, x).value)
-    if kind in ("v2_f32", "v2_f64"):
-        return list(torch_summary.scalar(tag, x, new_style=True, double_precision=kind == "v2_f64").value)
+
+def summary_value(kind: str, tag: str, x: float, n: int) -> list[summary_pb2.Summary.Value]:
+    """One value of ``kind`` as the writer that writes that kind builds it (torch's summary ops when
+    torch is installed, else the same protobufs built as torch builds them)."""
     if kind == "display":  # tensorboardX with a display name: a simple_value with metadata
         return [summary_pb2.Summary.Value(tag=tag, simple_value=x, metadata=summary_pb2.SummaryMetadata(
             display_name=f"shown {tag}"))]
     if kind == "v2_tb":  # as tensorboard.summary.Writer: a rank-0 tensor with an empty shape field
         return [summary_pb2.Summary.Value(tag=tag, tensor=tensor_util.make_tensor_proto(np.float32(x)),
                                           metadata=scalar_metadata.create_summary_metadata("", ""))]
+    if torch_summary is not None:
+        if kind == "simple":
+            return list(torch_summary.scalar(tag, x).value)
+        if kind in ("v2_f32", "v2_f64"):
+            return list(torch_summary.scalar(tag, x, new_style=True, double_precision=kind == "v2_f64").value)
+        if kind == "histogram":
+            return list(torch_summary.histogram("hist/w", np.array([x, x + 1, 2 * x]), bins="auto").value)
+        return list(torch_summary.text("config" if n % 2 else "notes", json.dumps({"n": n})).value)
+    return [_as_torch_builds_it(kind, tag, x, n)]
+
+
+def _as_torch_builds_it(kind: str, tag: str, x: float, n: int) -> summary_pb2.Summary.Value:
+    """torch.utils.tensorboard.summary's protobufs, for a venv without torch."""
+    scalars = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+    if kind == "simple":
+        return summary_pb2.Summary.Value(tag=tag, simple_value=x)
+    if kind == "v2_f32":
+        return summary_pb2.Summary.Value(tag=tag, metadata=scalars, tensor=tensor_pb2.TensorProto(
+            dtype=types_pb2.DT_FLOAT, float_val=[x]))
+    if kind == "v2_f64":
+        return summary_pb2.Summary.Value(tag=tag, metadata=scalars, tensor=tensor_pb2.TensorProto(
+            dtype=types_pb2.DT_DOUBLE, double_val=[x]))
     if kind == "histogram":
-        return list(torch_summary.histogram("hist/w", np.array([x, x + 1, 2 * x]), bins="auto").value)
-    return list(torch_summary.text("config" if n % 2 else "notes", json.dumps({"n": n})).value)
+        data = np.array([x, x + 1, 2 * x], dtype=float)
+        counts, limits = np.histogram(data, bins="auto")
+        return summary_pb2.Summary.Value(tag="hist/w", histo=summary_pb2.HistogramProto(
+            min=float(data.min()), max=float(data.max()), num=3, sum=float(data.sum()),
+            sum_squares=float(data.dot(data)), bucket_limit=limits.tolist(), bucket=[0.0, *counts.tolist()]))
+    text = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text"))
+    return summary_pb2.Summary.Value(
+        tag=("config" if n % 2 else "notes") + "/text_summary", metadata=text,
+        tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[json.dumps({"n": n}).encode()],
+                                      tensor_shape=tensor_shape_pb2.TensorShapeProto(
+                                          dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=1)])))
 
 
 def write_file(folder: Path, events: list, writer_kind: str) -> Path:
@@ -122,7 +155,7 @@ def bulk_decoded_records(path: Path) -> int:
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(events=st.lists(event, min_size=1, max_size=25), writer_kind=st.sampled_from(["torch", "tensorboardX"]))
+@given(events=st.lists(event, min_size=1, max_size=25), writer_kind=st.sampled_from(WRITERS))
 def test_every_shape_reads_as_tensorboard_reads_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    events: list, writer_kind: str) -> None:
     path = write_file(tmp_path / uuid.uuid4().hex, events, writer_kind)
