@@ -30,7 +30,7 @@ from klwatch.model import BoundaryVerdict, Lineage, LineageResult
 from klwatch.pipeline import ScanConfig
 from klwatch.redact import redact_spec, scrub
 from klwatch.reference_reset import ReferenceResetConfig
-from klwatch.report import boundary_dict
+from klwatch.report import boundary_dict, clean_strings
 
 STATUS_ICON = {"reference_reset": ":red[:material/error:]", "ok": ":green[:material/check_circle:]",
                "intentional": ":blue[:material/info:]", "error": ":red[:material/block:]",
@@ -408,12 +408,10 @@ def show_boundaries(verdicts: list[BoundaryVerdict]) -> None:
 
 def scrubbed(doc: object) -> object:
     """A JSON document from a run (its config, a boundary) with every credential in it masked: the JSON
-    viewer shows text as text, but a run may have logged a token."""
-    text = json.dumps(doc, default=str, allow_nan=True)
-    try:
-        return json.loads(scrub(text, _secrets))
-    except ValueError:
-        return {"note": "not shown: it could not be masked safely"}
+    viewer shows text as text, but a run may have logged a token. Each string is scrubbed on its own
+    (``report.clean_strings``), so masking can never break the document."""
+    plain = json.loads(json.dumps(doc, default=str, allow_nan=True))
+    return clean_strings(plain, lambda s: scrub(s, _secrets))
 
 
 def _members(lin: Lineage) -> list[dict[str, object]]:

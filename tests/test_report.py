@@ -114,7 +114,8 @@ def test_the_json_report_names_the_reset_boundary_with_rounded_numbers(everythin
 
 
 def test_round_sig_keeps_six_significant_digits_and_drops_what_json_cannot_hold():
-    assert round_sig(0.123456789) == 0.123457 and round_sig(123456789.0) == 123457000.0
+    assert round_sig(0.123456789) == pytest.approx(0.123457, rel=1e-12)
+    assert round_sig(123456789.0) == pytest.approx(123457000.0, rel=1e-12)
     assert round_sig(None) is None and round_sig(float("nan")) is None and round_sig(float("inf")) is None
 
 
