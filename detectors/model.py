@@ -8,7 +8,7 @@ Nothing downstream reaches back into a reader.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal
@@ -170,6 +170,25 @@ def cadence_of(series: dict[str, Series], *, prefer: tuple[str, ...] = ()) -> in
     more), else that of the series carrying the training."""
     chosen = [series[n] for n in prefer if n in series and len(series[n]) >= 2][:1] or _bulk(series)
     return logging_interval(chosen)
+
+
+def plain_data(obj: Any, *, text: Callable[[str], str] = str) -> Any:
+    """``obj`` as plain JSON data: numpy scalars and arrays as Python numbers and lists, tuples as
+    lists, keys as strings, a non-finite float as None (JSON has no NaN), every string through
+    ``text``. What a finding's data and every JSON face are made of."""
+    if isinstance(obj, str):
+        return text(obj)
+    if isinstance(obj, np.ndarray):
+        obj = obj.tolist()
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float):
+        return obj if np.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {text(str(k)): plain_data(v, text=text) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain_data(v, text=text) for v in obj]
+    return obj
 
 
 @dataclass

@@ -13,10 +13,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from xml.etree import ElementTree as ET
 
-import numpy as np
 
 from . import __version__
-from .model import BoundaryVerdict, LineageResult, ScanResult
+from .model import BoundaryVerdict, LineageResult, ScanResult, plain_data
 from .redact import redact_spec, redactor
 
 SCHEMA = "klwatch.report/1"
@@ -113,21 +112,9 @@ def clean_strings(obj: Any, clean: Callable[[str], str]) -> Any:
 
 
 def json_safe(obj: Any) -> Any:
-    """``obj`` as plain JSON data: non-finite floats become None, numpy values Python ones, strings
-    valid Unicode. What every JSON face passes its data through before ``json_text``."""
-    if isinstance(obj, str):
-        return valid_unicode(obj)
-    if isinstance(obj, np.ndarray):
-        obj = obj.tolist()
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float):
-        return finite(obj)
-    if isinstance(obj, dict):
-        return {json_safe(k): json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    return obj
+    """``obj`` as plain JSON data (``model.plain_data``) with every string valid Unicode. What every
+    JSON face passes its data through before ``json_text``."""
+    return plain_data(obj, text=valid_unicode)
 
 
 def json_text(data: Any) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..detector import Detector
 from ..metrics import MetricFamily, find_metric
-from ..model import Boundary, Finding, Lineage, LineageResult, Series
+from ..model import Boundary, Finding, Lineage, LineageResult, Series, plain_data
 from ..stats import last_per_step
 
 Severity = Literal["error", "warning", "info"]
@@ -36,22 +36,7 @@ class FindingDetector(Detector[C], ABC):
 
     def finding(self, *, step: int | None, severity: Severity, message: str, data: dict[str, Any]) -> Finding:
         return Finding(detector=self.name, step=step, severity=severity, message=message,
-                       data={k: _plain(v) for k, v in data.items()})
-
-
-def _plain(v: Any) -> Any:
-    """JSON-friendly data: numpy scalars and arrays become Python numbers and lists."""
-    if isinstance(v, np.generic):
-        return v.item()
-    if isinstance(v, np.ndarray):
-        return [_plain(x) for x in v.tolist()]
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    if isinstance(v, dict):
-        return {str(k): _plain(x) for k, x in v.items()}
-    if isinstance(v, float) and not np.isfinite(v):
-        return None
-    return v
+                       data={k: plain_data(v) for k, v in data.items()})
 
 
 # ------------------------------------------------------------------------------ series access
