@@ -34,6 +34,7 @@ from tensorboard.compat.proto import event_pb2
 from ..model import Segment, Series
 from .limits import read_regular
 from .local import ReadError
+from .resume import Resume
 
 _LENGTH = struct.Struct("<Q")
 _MASK_DELTA = 0xA282EAD8
@@ -155,16 +156,44 @@ def _hparams_config(content: bytes) -> tuple[dict[str, Any], str | None]:
 
 def read_tensorboard_file(path: Path, *, ref: str, source: str) -> list[Segment]:
     """One event file -> one Segment holding every scalar point it records, in file order."""
-    data = read_regular(Path(path))  # a FIFO or a device is refused, the bytes are charged to the SOURCE
+    return read_tensorboard_file_since(path, ref=ref, source=source, since=None)[0]
+
+
+def read_tensorboard_file_since(path: Path, *, ref: str, source: str, since: Resume | None
+                                ) -> tuple[list[Segment], Resume | None]:
+    """``read_tensorboard_file``, reading only the bytes after ``since.offset`` when given (a
+    ``ResumableReader``): the framing checks and messages count bytes and records from the file's
+    start, the tag's plugins carry over, so the Segment is the one a read of the whole file gives.
+    New bytes that are damaged are read again with the whole file, so the error or warnings are
+    exactly a whole read's."""
+    path = Path(path)
+    if since is not None:
+        try:
+            data = read_regular(path, start=since.offset)  # only the new bytes are charged to the SOURCE
+            return _read_chunk(data, path=path, ref=ref, source=source, since=since)
+        except (ReadError, KeyError, TypeError, ValueError):  # damaged new bytes, or a state not ours
+            pass
+    data = read_regular(path)  # a FIFO or a device is refused, the bytes are charged to the SOURCE
     if not data:
         raise ReadError("empty event file (0 bytes)")
-    warnings: list[str] = []
-    dstart, dlen = _frame(data, ref=ref, warnings=warnings)
+    return _read_chunk(data, path=path, ref=ref, source=source, since=None)
+
+
+def _read_chunk(data: bytes, *, path: Path, ref: str, source: str, since: Resume | None
+                ) -> tuple[list[Segment], Resume]:
+    """Decode the records in ``data`` (the whole file, or what follows ``since.offset``) and add
+    them to what ``since`` had decoded."""
+    prior = since.state if since is not None else {}
+    base = since.offset if since is not None else 0
+    before = int(prior.get("records", 0))
+    frame_warnings: list[str] = []
+    dstart, dlen = _frame(data, ref=ref, warnings=frame_warnings, base=base, before=before)
     buf = np.frombuffer(data, dtype=np.uint8)
 
     # Most records hold only scalars: decode those with numpy, the rest with protobuf.
     fast = _fast_scalars(buf, dstart=dstart, dlen=dlen)
     state = _State()
+    state.plugin_of.update(prior.get("plugin_of", {}))
     md_code = _fast_plugins(fast, buf=buf, state=state)
     from_string = event_pb2.Event.FromString
     slow_idx = np.flatnonzero(~fast.matched)
@@ -172,33 +201,84 @@ def read_tensorboard_file(path: Path, *, ref: str, source: str) -> list[Segment]
         try:
             event = from_string(data[a:a + ln])
         except DecodeError as exc:
-            raise ReadError(f"record {i} at byte {a - 12} is not a valid Event protobuf: {exc}") from exc
+            raise ReadError(f"record {before + i} at byte {base + a - 12} is not a valid Event protobuf: "
+                            f"{exc}") from exc
         _read_event(event, index=i, state=state, ref=ref)
     fast_codes, fast_plugins, fast_named = _fast_tags_and_plugins(fast, md_code=md_code, buf=buf,
                                                                   state=state)
-    series = _assemble(fast=fast, fast_codes=fast_codes, fast_plugins=fast_plugins,
-                       fast_named=fast_named, state=state, ref=ref, warnings=warnings)
+    seeds = np.array([[-1, 0, state.code(t), state.plugin(n)] for t, n in prior.get("last_named", {}).items()],
+                     dtype=np.int64).reshape(-1, 4)  # what the tags' plugins were where ``since`` stopped
+    series, dropped, last_named = _assemble(fast=fast, fast_codes=fast_codes, fast_plugins=fast_plugins,
+                                            fast_named=np.concatenate([seeds, fast_named]), state=state)
 
-    first = from_string(data[dstart[0]:dstart[0] + dlen[0]])  # CRC-checked above
-    meta: dict[str, Any] = {"file": Path(path).name, "records": int(len(dstart))}
-    meta.update(state.meta)
-    if state.session_starts:
-        meta["session_starts"] = state.session_starts
-    m = _EVENT_NAME.search(Path(path).name)
+    if since is None:
+        first = from_string(data[dstart[0]:dstart[0] + dlen[0]])  # CRC-checked above
+        start_time: float | None = first.wall_time
+        config: dict[str, Any] = {}
+        tb_meta: dict[str, Any] = {}
+        old_series: dict[str, Series] = {}
+        old_dropped: dict[str, int] = {}
+        decode_warnings: list[str] = []
+        session_starts: list[int] = []
+    else:
+        start_time = since.segment.start_time
+        config, tb_meta = dict(since.segment.config), dict(prior["tb_meta"])
+        old_series, old_dropped = since.segment.series, prior["dropped"]
+        decode_warnings, session_starts = list(prior["decode_warnings"]), list(prior["session_starts"])
+    config.update(state.config)  # in file order, as one read would apply them
+    tb_meta.update(state.meta)
+    merged = dict(old_series)
+    for tag, ser in series.items():
+        merged[tag] = Series.concat([merged[tag], ser]) if tag in merged else ser
+    all_dropped = {t: old_dropped.get(t, 0) + dropped.get(t, 0) for t in merged
+                   if old_dropped.get(t, 0) + dropped.get(t, 0)}
+    decode_warnings += state.warnings
+    session_starts += state.session_starts
+    records = before + len(dstart)
+    end = base + (int(dstart[-1] + dlen[-1]) + 4 if len(dstart) else 0)
+    parts = dict(path=path, ref=ref, source=source, series=merged, config=config, start_time=start_time,
+                 tb_meta=tb_meta, session_starts=session_starts, records=records, dropped=all_dropped,
+                 decode_warnings=decode_warnings)
+    resume = Resume(file=str(path.resolve()), offset=end if len(dstart) else base,
+                    segment=_segment(**parts, frame_warnings=[]), state={
+                        "records": records, "dropped": all_dropped, "decode_warnings": decode_warnings,
+                        "session_starts": session_starts, "tb_meta": tb_meta,
+                        "plugin_of": {**prior.get("plugin_of", {}), **state.plugin_of},
+                        "last_named": {**prior.get("last_named", {}), **last_named}})
+    return [_segment(**parts, frame_warnings=frame_warnings)], resume
+
+
+def _segment(*, path: Path, ref: str, source: str, series: dict[str, Series], config: dict[str, Any],
+             start_time: float | None, tb_meta: dict[str, Any], session_starts: list[int], records: int,
+             dropped: dict[str, int], decode_warnings: list[str], frame_warnings: list[str]) -> Segment:
+    """The Segment an event file's decoded records make (the same whether read whole or on from an
+    earlier read)."""
+    meta: dict[str, Any] = {"file": path.name, "records": records}
+    meta.update(tb_meta)
+    if session_starts:
+        meta["session_starts"] = list(session_starts)
+    m = _EVENT_NAME.search(path.name)
     if m:
         meta["hostname"] = m.group("host")
         if m.group("pid"):
             meta["pid"] = int(m.group("pid"))
-    folder = _run_folder(Path(path), ref)
-    return [Segment(
+    nan_warnings = [f"{ref}: dropped {n} NaN/inf value{'s' if n != 1 else ''} of '{tag}'"
+                    for tag, n in dropped.items()]
+    folder = _run_folder(path, ref)
+    return Segment(
         kind="tensorboard", ref=ref, source=source, run_id=folder, name=folder, group=folder,
-        config=state.config, series=series, start_time=first.wall_time,
-        store=str(Path(path).resolve().parent), warnings=warnings + state.warnings, meta=meta,
-    )]
+        config=dict(config), series=dict(series), start_time=start_time, store=str(path.resolve().parent),
+        warnings=frame_warnings + nan_warnings + list(decode_warnings), meta=meta,
+    )
 
 
-def _frame(data: bytes, *, ref: str, warnings: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def _frame(data: bytes, *, ref: str, warnings: list[str], base: int = 0, before: int = 0
+           ) -> tuple[np.ndarray, np.ndarray]:
     """Split the TFRecord stream and check both CRCs of every whole record.
+
+    ``data`` is the file from byte ``base`` on, after ``before`` whole records read earlier (a read
+    resumed where an earlier one stopped): messages count bytes and records from the file's start,
+    and those records count as kept, so the outcome is the one a read of the whole file gives.
 
     Returns the data offset and length of each good record. What follows the last good record is
     handled as TensorBoard's own readers handle it (the Python ``EventFileLoader`` and the Rust data
@@ -213,32 +293,40 @@ def _frame(data: bytes, *, ref: str, warnings: list[str]) -> tuple[np.ndarray, n
     - a first record that fails its CRC is an error (not a TFRecord event file?).
     """
     n = len(data)
-    heads, pos = _record_heads(data)
+    heads, pos = _record_heads(data, resumed=base > 0)
+    empty = np.empty(0, dtype=np.int64)
+    if not heads:  # a resumed read with no new record header yet
+        _warn_cut_off_end(heads=[], lengths=empty, whole=0, end=0, n=n, ref=ref, warnings=warnings, base=base,
+                          before=before)
+        return empty, empty
     buf = np.frombuffer(data, dtype=np.uint8)
     h = np.asarray(heads, dtype=np.int64)
     lengths = np.ascontiguousarray(_le(buf, h, 8)).view("<u8")[:, 0].astype(np.int64)
-    whole, problem = _check_length_headers(buf, heads=heads, h=h, lengths=lengths, n=n)
+    whole, problem = _check_length_headers(buf, heads=heads, h=h, lengths=lengths, n=n, base=base, before=before)
     dstart = h[:whole] + 12
     dlen = lengths[:whole]
     stored = np.ascontiguousarray(_le(buf, dstart + dlen, 4)).view("<u4")[:, 0]
-    computed = _mask(_crc32c_ranges(data, buf, start=dstart, length=dlen))
+    computed = _mask(_crc32c_ranges(data, buf, start=dstart, length=dlen)) if whole else stored
     bad = np.flatnonzero(computed != stored)
     if len(bad):
         whole = int(bad[0])
-        problem = (f"CRC mismatch in the data of record {whole} at byte {heads[whole]} "
+        problem = (f"CRC mismatch in the data of record {before + whole} at byte {base + heads[whole]} "
                    f"({int(dlen[whole])} bytes)")
     if problem is None:  # every record whole and good, except perhaps a cut-off last one
-        _warn_cut_off_end(heads=heads, lengths=lengths, whole=whole, end=pos, n=n, ref=ref, warnings=warnings)
+        _warn_cut_off_end(heads=heads, lengths=lengths, whole=whole, end=pos, n=n, ref=ref, warnings=warnings,
+                          base=base, before=before)
         return dstart, dlen
-    _judge_damaged_tail(data, buf, tail=heads[whole], whole=whole, problem=problem, ref=ref, warnings=warnings)
+    _judge_damaged_tail(data, buf, tail=heads[whole], whole=whole, problem=problem, ref=ref, warnings=warnings,
+                        base=base, before=before)
     return dstart[:whole], dlen[:whole]
 
 
-def _record_heads(data: bytes) -> tuple[list[int], int]:
+def _record_heads(data: bytes, *, resumed: bool = False) -> tuple[list[int], int]:
     """Where each record header starts, following the lengths, and where that walk ended.
 
     The only sequential part of reading a file (each length says where the next record is), so
-    it does nothing else; the CRCs are checked afterwards, in bulk."""
+    it does nothing else; the CRCs are checked afterwards, in bulk. ``resumed``: ``data`` follows
+    records read earlier, so holding no header is no error."""
     n = len(data)
     unpack = _LENGTH.unpack_from
     heads: list[int] = []
@@ -249,20 +337,20 @@ def _record_heads(data: bytes) -> tuple[list[int], int]:
         if not length and not any(data[pos + 8:pos + 12]):  # no record has an all-zero header: a zero tail
             break
         pos += length + 16
-    if not heads:
+    if not heads and not resumed:
         raise ReadError(f"no whole record in the event file: {n} bytes, shorter than a record header")
     return heads, pos
 
 
 def _check_length_headers(buf: np.ndarray, *, heads: list[int], h: np.ndarray, lengths: np.ndarray,
-                          n: int) -> tuple[int, str | None]:
+                          n: int, base: int = 0, before: int = 0) -> tuple[int, str | None]:
     """How many records lie before the first bad length-header CRC (or the first record that runs
     past the end of the file), and the problem found, if any."""
     stored = np.ascontiguousarray(_le(buf, h + 8, 4)).view("<u4")[:, 0]
     computed = _mask(_crc32c_rows(_le(buf, h, 8)))
     bad = np.flatnonzero(computed != stored)
     first_bad = int(bad[0]) if len(bad) else len(heads)
-    problem = (f"CRC mismatch in the length header of record {first_bad} at byte {heads[first_bad]}"
+    problem = (f"CRC mismatch in the length header of record {before + first_bad} at byte {base + heads[first_bad]}"
                if len(bad) else None)
     whole = first_bad
     if whole and heads[whole - 1] + int(lengths[whole - 1]) + 16 > n:
@@ -271,38 +359,41 @@ def _check_length_headers(buf: np.ndarray, *, heads: list[int], h: np.ndarray, l
 
 
 def _warn_cut_off_end(*, heads: list[int], lengths: np.ndarray, whole: int, end: int, n: int, ref: str,
-                      warnings: list[str]) -> None:
+                      warnings: list[str], base: int = 0, before: int = 0) -> None:
     """Every record is good but the file may end in a cut-off one or in stray bytes: say so (an
     error when not one record is whole)."""
+    kept = before + whole
     if whole < len(heads):
-        warnings.append(f"{ref}: truncated event file: the last record (at byte {heads[-1]}, "
+        warnings.append(f"{ref}: truncated event file: the last record (at byte {base + heads[-1]}, "
                         f"{int(lengths[-1]) + 16} bytes) is cut off after {n - heads[-1]} bytes "
-                        f"(crash mid-write?); kept {whole} whole records")
+                        f"(crash mid-write?); kept {kept} whole records")
     elif end < n:
         warnings.append(f"{ref}: truncated event file: {n - end} stray bytes after the last whole "
-                        f"record (crash mid-write?); kept {whole} whole records")
-    if whole == 0:
-        raise ReadError(f"no whole record in the event file ({n} bytes; truncated)")
+                        f"record (crash mid-write?); kept {kept} whole records")
+    if kept == 0:
+        raise ReadError(f"no whole record in the event file ({base + n} bytes; truncated)")
 
 
 def _judge_damaged_tail(data: bytes, buf: np.ndarray, *, tail: int, whole: int, problem: str, ref: str,
-                        warnings: list[str]) -> None:
+                        warnings: list[str], base: int = 0, before: int = 0) -> None:
     """A bad record at byte ``tail``: a cut-off tail (zeros, or no whole record after it) keeps the
-    ``whole`` records before it with a warning; damage with good records after it is an error."""
+    ``whole`` records before it with a warning; damage with good records after it is an error.
+    (``base``/``before``: as for ``_frame``.)"""
     n = len(data)
-    if whole == 0:
+    if whole + before == 0:
         raise ReadError(f"corrupt event file: {problem}" + (" (not a TFRecord event file?)"
                                                             if "length header" in problem else ""))
     if not buf[tail:].any():
         warnings.append(f"{ref}: truncated event file: {n - tail} zero bytes after the last whole record "
-                        f"(byte {tail}; crash mid-write into a pre-extended file?); kept {whole} whole records")
+                        f"(byte {base + tail}; crash mid-write into a pre-extended file?); kept {before + whole} "
+                        "whole records")
     else:
         later = _next_good_record(data, buf, start=tail + 1)
         if later is not None:
-            raise ReadError(f"corrupt event file: {problem}; whole records follow at byte {later}, "
+            raise ReadError(f"corrupt event file: {problem}; whole records follow at byte {base + later}, "
                             "so the damage is inside the file, not a cut-off tail")
         warnings.append(f"{ref}: truncated event file: {problem} and no whole record after it "
-                        f"(crash mid-write?); kept {whole} whole records, dropped the last {n - tail} bytes")
+                        f"(crash mid-write?); kept {before + whole} whole records, dropped the last {n - tail} bytes")
 
 
 def _next_good_record(data: bytes, buf: np.ndarray, *, start: int, chunk: int = 1 << 20) -> int | None:
@@ -757,9 +848,12 @@ def _resolve_plugins(*, index: np.ndarray, sub: np.ndarray, codes: np.ndarray, p
     return keep
 
 
-def _assemble(*, fast: _Fast, fast_codes: np.ndarray, fast_plugins: np.ndarray,
-              fast_named: np.ndarray, state: _State, ref: str, warnings: list[str]) -> dict[str, Series]:
-    """Merge both paths back into file order and cut one Series per tag (first-seen tag first)."""
+def _assemble(*, fast: _Fast, fast_codes: np.ndarray, fast_plugins: np.ndarray, fast_named: np.ndarray,
+              state: _State) -> tuple[dict[str, Series], dict[str, int], dict[str, str]]:
+    """Merge both paths back into file order and cut one Series per tag (first-seen tag first).
+
+    Also returns how many NaN/inf values of each tag were dropped, and the plugin each tag was
+    last named with (what a later read resumed after these records inherits)."""
     index = np.concatenate([fast.index, np.asarray(state.index, dtype=np.int64)])
     sub = np.concatenate([fast.sub, np.asarray(state.sub, np.int64)])
     codes = np.concatenate([fast_codes, np.asarray(state.codes, dtype=np.int64)])
@@ -772,6 +866,10 @@ def _assemble(*, fast: _Fast, fast_codes: np.ndarray, fast_plugins: np.ndarray,
         index, sub, codes, plugins = index[order], sub[order], codes[order], plugins[order]
         steps, values, walls = steps[order], values[order], walls[order]
     named = np.concatenate([fast_named, np.asarray(state.named, dtype=np.int64).reshape(-1, 4)])
+    plugin_names = {c: n for n, c in state.plugin_code.items()}
+    tag_names = {c: t for t, c in state.tag_code.items()}
+    last_named = {tag_names[int(r[2])]: plugin_names[int(r[3])]
+                  for r in named[np.lexsort((named[:, 1], named[:, 0]))].tolist()} if len(named) else {}
     keep = _resolve_plugins(index=index, sub=sub, codes=codes, plugins=plugins, named=named,
                             state=state)
     if not keep.all():
@@ -781,18 +879,18 @@ def _assemble(*, fast: _Fast, fast_codes: np.ndarray, fast_plugins: np.ndarray,
     uniq, first, counts = np.unique(codes, return_index=True, return_counts=True)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     series: dict[str, Series] = {}
+    dropped: dict[str, int] = {}
     for k in np.argsort(first, kind="stable"):
         sel = by_tag[starts[k]:starts[k] + counts[k]]
         tag = names[int(uniq[k])]
         v = values[sel]
         finite = np.isfinite(v)
         if not finite.all():
-            bad = int((~finite).sum())
-            warnings.append(f"{ref}: dropped {bad} NaN/inf value{'s' if bad != 1 else ''} of '{tag}'")
+            dropped[tag] = int((~finite).sum())
             sel = sel[finite]
             v = v[finite]
         series[tag] = Series(steps[sel], v, walls[sel])
-    return series
+    return series, dropped, last_named
 
 
 def _read_config_text(tag: str, tensor: Any, state: _State, ref: str) -> None:
