@@ -4,8 +4,10 @@
     (or: klwatch dashboard [--allow-add ROOT_OR_HOST]... [SOURCE...])
 
 A thin face over ``klwatch.pipeline`` (through the cached layers of ``klwatch.dashboard.data``): nothing
-here decides a verdict. The selected run, the filters, the sources in view, the metric choice and any
-changed threshold live in the URL's query parameters, so a link opens the same view. A link only
+here decides a verdict, a finding or a comparison. The selected run, its panels and chart options, the
+control run it is compared with, the filters, the sources in view, the metric choice, the stitching
+key and any changed threshold live in the URL's query parameters, so a link opens the same view and
+the browser's Back and Forward step through the views. A link only
 chooses among what the operator started the dashboard with (``klwatch.dashboard.safety``); every
 run name, spec and message from a source is shown scrubbed of secrets and escaped.
 """
@@ -16,6 +18,7 @@ import dataclasses
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import streamlit as st
@@ -26,21 +29,29 @@ except ModuleNotFoundError as exc:  # `streamlit run dashboard/app.py` in a chec
     if exc.name != "klwatch":
         raise
     sys.exit("klwatch is not installed in this Python: run `bash scripts/setup.sh` (or `pip install -e .`) first.")
-from klwatch.model import BoundaryVerdict, Lineage, LineageResult
+from klwatch.comparison import Comparison, compare_runs, first_resume
+from klwatch.model import BoundaryVerdict, Finding, Lineage, LineageResult
 from klwatch.pipeline import ScanConfig
+from klwatch.stitching import StitchConfig, configs_agree, load_lineage_file
 from klwatch.redact import redact_spec, scrub
 from klwatch.reference_reset import ReferenceResetConfig
 from klwatch.report import boundary_dict, clean_strings
 
 STATUS_ICON = {"reference_reset": ":red[:material/error:]", "ok": ":green[:material/check_circle:]",
+               data.OK_WITH_FINDINGS: ":violet[:material/report:]",
                "intentional": ":blue[:material/info:]", "error": ":red[:material/block:]",
                "no_kl_metric": ":gray[:material/help:]", "kl_disabled": ":gray[:material/do_not_disturb_on:]",
                "insufficient_data": ":orange[:material/hourglass_empty:]"}
 VERDICT_ICON = {"reference_reset": ":material/error:", "ok": ":material/check_circle:", "intentional": ":material/info:",
                 "inconclusive": ":material/help:"}
-BADGE_COLOR = {"reference_reset": "red", "ok": "green", "intentional": "blue", "error": "red",
+BADGE_COLOR = {"reference_reset": "red", "ok": "green", data.OK_WITH_FINDINGS: "violet", "intentional": "blue", "error": "red",
                "insufficient_data": "orange", "no_kl_metric": "gray", "kl_disabled": "gray"}
-ALL_STATUSES = ["reference_reset", "ok", "intentional", "error", "insufficient_data", "no_kl_metric", "kl_disabled"]
+ALL_STATUSES = ["reference_reset", data.OK_WITH_FINDINGS, "ok", "intentional", "error", "insufficient_data", "no_kl_metric",
+                "kl_disabled"]
+SEVERITY_BADGE = {"error": "red", "warning": "orange", "info": "gray"}
+# (comments, not docstrings: Streamlit's magic would write a bare string on the page)
+IMPLAUSIBLE_RESUMES = 12  # more resumes than this in one run is more likely a stitching mistake
+ZOOM_STEPS = 200  # steps either side of a resume that zoom-to-boundary shows by default
 
 # The detector thresholds on the sidebar: (field, label, min, max, step, shown without expanding).
 THRESHOLDS: list[tuple[str, str, float, float, float, bool]] = [
@@ -89,14 +100,58 @@ def _parse_threshold(field: str, raw: str) -> float | int | None:
     return value if min(spec[2], default) <= value <= max(spec[3], default) else None
 
 
+def _float_param(raw: str | None, lo: float, hi: float, default: float) -> float:
+    try:
+        value = float(raw) if raw is not None else default
+    except ValueError:
+        return default
+    return value if lo <= value <= hi else default
+
+
+def apply_view_params() -> None:
+    """The run view's part of the URL (run, panels, chart options, zoom, control run) into the
+    session: at the first load, and again when Back or Forward brings an earlier URL."""
+    ss, qp = st.session_state, st.query_params
+    ss["run"] = qp.get("run") or None
+    if qp.get("run"):
+        ss["_linked_run"] = qp.get("run")
+        if qp.get_all("panel"):
+            ss[f"linked::{qp.get('run')}"] = [m for m in qp.get_all("panel") if m.strip()]
+            ss[f"_panels_changed::{qp.get('run')}"] = True
+    ss["smoothing"] = _float_param(qp.get("smooth"), 0.0, 0.99, 0.0)
+    ss["log_y"] = qp.get("logy") == "1"
+    ss["x_axis"] = qp.get("x") if qp.get("x") in charts.X_AXES else "step"
+    ss["zoom"] = qp.get("zoom") or None
+    ss["zoom_steps"] = int(_float_param(qp.get("zw"), 1, 10**9, ZOOM_STEPS))
+    ss["control"] = qp.get("control") or None
+    ss["search"] = qp.get("q") or ""
+    ss["finding_filter"] = [f for f in qp.get_all("finding") if f.strip()]
+
+
+def navigated() -> bool:
+    """Whether this run's URL is not the one the page last wrote: Back or Forward brought it."""
+    last = st.session_state.get("_written_url")
+    return last is not None and last != _current_url()
+
+
+def _current_url() -> dict[str, list[str]]:
+    qp = st.query_params
+    return {k: qp.get_all(k) for k in sorted(qp.keys())}
+
+
 def init_state(launch: safety.Launch) -> None:
     """Once per browser session: start from the link's query parameters (its sources only chosen among
-    the launch sources and what the allow-list admits; anything else noted and ignored)."""
+    the launch sources and what the allow-list admits; anything else noted and ignored); later, only
+    the view's parameters again when the browser navigated (Back/Forward)."""
     ss = st.session_state
     if ss.get("_initialised"):
+        if navigated():
+            apply_view_params()
         return
     qp = st.query_params
     ss["_initialised"] = True
+    apply_view_params()
+    ss["group_by"] = qp.get("group_by") or ""
     chosen = safety.select_sources(qp.get_all("src"), launch)
     ss["shown_sources"] = ([] if len(chosen.shown) == len(launch.sources)
                            else [launch.labels[s] for s in chosen.shown])
@@ -105,9 +160,6 @@ def init_state(launch: safety.Launch) -> None:
     ss["metrics"] = [m for m in qp.get_all("metric") if m.strip()]
     ss["only_flagged"] = qp.get("flagged") == "1"
     ss["statuses"] = [s for s in qp.get_all("status") if s in ALL_STATUSES]
-    if qp.get("run"):
-        ss["run"] = qp.get("run")
-        ss["_linked_run"] = qp.get("run")
     for field, *_ in THRESHOLDS:
         ss[f"rr_{field}"] = getattr(_DEFAULTS, field)
         if field in qp:
@@ -124,11 +176,23 @@ def sources_in_view(launch: safety.Launch) -> list[str]:
 
 
 def sync_url(*, run: str | None, launch: safety.Launch) -> None:
-    """Write the shareable state to the URL (only what differs from the defaults; sources by label)."""
+    """Write the shareable state to the URL (only what differs from the defaults; sources by label).
+    Streamlit pushes a history entry for each change, so Back and Forward step through the views."""
     ss = st.session_state
     shown = [s for s in sources_in_view(launch) if s in launch.sources]
+    panels = ss.get(f"linked::{run}") if run else None
     want: dict[str, str | list[str] | None] = {
         "run": run,
+        "panel": list(panels) if panels is not None and ss.get("_panels_changed::" + str(run)) else None,
+        "smooth": f"{ss['smoothing']:g}" if ss.get("smoothing") else None,
+        "logy": "1" if ss.get("log_y") else None,
+        "x": ss.get("x_axis") if ss.get("x_axis") not in (None, "step") else None,
+        "zoom": ss.get("zoom") or None,
+        "zw": str(ss["zoom_steps"]) if ss.get("zoom") and ss.get("zoom_steps") != ZOOM_STEPS else None,
+        "control": ss.get("control") or None,
+        "q": ss.get("search") or None,
+        "finding": list(ss.get("finding_filter") or []),
+        "group_by": ss.get("group_by") or None,
         "flagged": "1" if ss.get("only_flagged") else None,
         "status": list(ss.get("statuses") or []),
         "src": safety.link_sources(shown, list(ss.get("added_sources") or []), launch),
@@ -147,6 +211,7 @@ def sync_url(*, run: str | None, launch: safety.Launch) -> None:
                 qp[key] = value
         elif qp.get(key) != value:
             qp[key] = value
+    ss["_written_url"] = _current_url()
 
 
 def _add_source(allow: safety.AllowList) -> None:
@@ -172,16 +237,28 @@ def _reset_thresholds() -> None:
 
 
 def _pick_from_table() -> None:
-    rows = st.session_state["fleet_table"].selection.rows
+    """A click anywhere on a row (a cell of it, or its selection box) opens that run."""
+    selection = st.session_state["fleet_table"].selection
+    rows = list(selection.rows) or [cell[0] for cell in getattr(selection, "cells", None) or []]
     keys = st.session_state.get("_table_keys", [])
     if rows and rows[0] < len(keys):
-        st.session_state["run"] = keys[rows[0]]
+        _open(keys[rows[0]])
+
+
+def _open(key: str) -> None:
+    """Open a run: its zoom and comparison are the previous run's no more."""
+    ss = st.session_state
+    if ss.get("run") != key:
+        ss["run"] = key
+        ss["zoom"] = None
+        if ss.get("control") == key:
+            ss["control"] = None
 
 
 def _pick_from_picture() -> None:
     points = st.session_state["fleet_picture"].selection.points
     if points and points[0].get("customdata"):
-        st.session_state["run"] = points[0]["customdata"][0]
+        _open(points[0]["customdata"][0])
 
 
 def sidebar_sources(launch: safety.Launch) -> st.delta_generator.DeltaGenerator:
@@ -242,7 +319,28 @@ def sidebar_config(specs: list[str]) -> ScanConfig:
     if values["ok_score"] >= values["reset_score"]:
         sb.warning("The OK score is at or above the reset score: every high score is judged a reset first.")
     rr = dataclasses.replace(_DEFAULTS, **values)
-    return ScanConfig(metrics=tuple(st.session_state.get("metrics") or ()), reference_reset=rr)
+    return ScanConfig(metrics=tuple(st.session_state.get("metrics") or ()), reference_reset=rr,
+                      stitch=sidebar_stitching())
+
+
+def sidebar_stitching() -> StitchConfig:
+    """The stitching overrides the CLI takes (``--group-by KEY``, ``--lineage FILE``), read by the
+    core's own ``load_lineage_file``; a file that cannot be read is said and not used."""
+    with st.sidebar.expander("Stitching", expanded=bool(st.session_state.get("group_by"))):
+        st.text_input("Group tracker runs by this config/tag key", key="group_by", placeholder="automatic",
+                      help="As `klwatch scan --group-by KEY`: tracker runs with the same value of KEY are one training run.")
+        upload = st.file_uploader("Lineage file (JSON)", type=["json"], key="lineage_file",
+                                  help='As `klwatch scan --lineage FILE`: {"run name": ["ref or run-id glob", ...]}.')
+    lineage_map = None
+    if upload is not None:
+        with tempfile.TemporaryDirectory(prefix="klwatch-lineage-") as tmp:
+            path = Path(tmp) / "lineage.json"
+            path.write_bytes(upload.getvalue())
+            try:
+                lineage_map = load_lineage_file(str(path))
+            except (OSError, ValueError) as exc:
+                st.sidebar.error(f"Lineage file not used: {say(str(exc).replace(str(path), upload.name))}")
+    return StitchConfig(group_by=(st.session_state.get("group_by") or "").strip() or None, lineage_map=lineage_map)
 
 
 def _help(field: str) -> str | None:
@@ -271,7 +369,8 @@ def show_sources(box: st.delta_generator.DeltaGenerator, fleet: data.Fleet, laun
             if read.errors:
                 cols[0].warning(f"{len(read.errors)} part(s) unreadable: " + say("; ".join(e.message for e in read.errors[:3])))
         if cols[1] is not None:
-            cols[1].button("✕", key=f"rm::{spec}", on_click=_remove_source, args=(spec,), help=f"Remove {say(spec)}")
+            cols[1].button("Remove", icon=":material/close:", key=f"rm::{spec}", on_click=_remove_source, args=(spec,),
+                       help=f"Remove {say(label(spec, launch))}", type="tertiary")
 
 
 def show_notices(launch: safety.Launch) -> None:
@@ -301,8 +400,12 @@ def show_source_errors(fleet: data.Fleet, launch: safety.Launch) -> None:
                     st.markdown(f"- {say(e.message)}")
 
 
-def show_fleet(fleet: data.Fleet, config: ScanConfig) -> None:
-    counts = fleet.status_counts()
+def show_fleet(fleet: data.Fleet, config: ScanConfig, findings: dict[str, list[Finding]], pending: bool) -> None:
+    """The fleet: counts by shown status, the boundary picture, the search and filters, and the table
+    (a click on a row opens the run). Findings arrive from the background; until then the rows show
+    their KL status and a note says the finding detectors are still running."""
+    df = data.fleet_table(fleet, findings)
+    counts = df["status"].value_counts().to_dict()
     ranked = sorted(counts, key=lambda k: ALL_STATUSES.index(k) if k in ALL_STATUSES else len(ALL_STATUSES))
     st.markdown(" ".join(f":{BADGE_COLOR.get(k, 'gray')}-badge[{k}: **{counts[k]}**]" for k in ranked)
                 or "No training runs found.")
@@ -313,25 +416,39 @@ def show_fleet(fleet: data.Fleet, config: ScanConfig) -> None:
                         config={"displaylogo": False})
     else:
         st.caption("No resume boundary in these runs: nothing to judge yet.")
-    c1, c2 = st.columns([1, 3])
+    c0, c1, c2, c3 = st.columns([2, 1, 2, 2])
+    c0.text_input("Search runs", key="search", placeholder="search runs by name", label_visibility="collapsed",
+                  icon=":material/search:")
     c1.toggle("Only flagged", key="only_flagged", help="Only runs with a boundary judged reference_reset.")
     c2.multiselect("Status", ALL_STATUSES, key="statuses", placeholder="every status", label_visibility="collapsed")
-    df = data.fleet_table(fleet)
+    detectors = sorted({d for found in findings.values() for d in dict.fromkeys(f.detector for f in found)}
+                       | set(st.session_state.get("finding_filter") or []))
+    c3.multiselect("Finding", detectors, key="finding_filter", placeholder="any finding", label_visibility="collapsed",
+                   help="Only runs with one of these findings (resume-integrity detectors other than the KL verdict).")
     if st.session_state.get("only_flagged"):
         df = df[df["status"] == data.FLAGGED]
     if st.session_state.get("statuses"):
         df = df[df["status"].isin(st.session_state["statuses"])]
+    query = (st.session_state.get("search") or "").strip().lower()
+    if query:
+        df = df[df["run"].str.lower().str.contains(query, regex=False)]
+    wanted = set(st.session_state.get("finding_filter") or [])
+    if wanted:
+        df = df[df["findings"].map(lambda fs: bool(wanted & set(fs or [])))]
     order = {s: i for i, s in enumerate(ALL_STATUSES)}
     df = df.sort_values(["status", "worst score"], key=lambda c: c.map(order) if c.name == "status" else -c.fillna(-1))
     df = df.reset_index(drop=True)
     st.session_state["_table_keys"] = list(df["key"])
-    styled = df.style.map(lambda s: f"color: {charts.STATUS_COLORS.get(s, '#555')}; font-weight: 600", subset=["status"])
+    styled = df.style.map(lambda s: f"color: {charts.STATUS_COLORS.get(s, '#888')}; font-weight: 600", subset=["status"])
     st.dataframe(
-        styled, key="fleet_table", placeholder="-", on_select=_pick_from_table, selection_mode="single-row", hide_index=True,
+        styled, key="fleet_table", placeholder="-", on_select=_pick_from_table,
+        selection_mode=["single-row", "single-cell"], hide_index=True,
         height=min(38 + 35 * max(len(df), 1), 420),
-        column_order=["run", "status", "trackers", "segments", "resumes", "worst score", "KL before", "KL after",
-                      "at step", "last step", "metric", "error"],
+        column_order=["run", "status", "findings", "trackers", "segments", "resumes", "worst score", "KL before",
+                      "KL after", "at step", "last step", "metric", "error"],
         column_config={
+            "findings": st.column_config.ListColumn("findings", help="What the other resume-integrity detectors "
+                                                    "reported (empty while they run)"),
             "worst score": st.column_config.ProgressColumn("worst score", min_value=0.0, max_value=1.0, format="%.2f"),
             "KL before": st.column_config.NumberColumn("KL before", format="%.3g",
                                                        help="KL level before the worst-scoring resume"),
@@ -340,7 +457,10 @@ def show_fleet(fleet: data.Fleet, config: ScanConfig) -> None:
             "at step": st.column_config.NumberColumn("at step", help="step of the worst-scoring resume"),
         },
     )
-    st.caption(f"{len(df)} of {len(fleet.keys)} training run(s) shown. Click a row (or a point above) to open it.")
+    note = " Finding detectors are still running on the fleet: badges appear as they finish." if pending else ""
+    st.caption(f"{len(df)} of {len(fleet.keys)} training run(s) shown. Click a run (or a point above) to open it.{note}")
+    if pending:
+        _await_findings(fleet, config)
     specs = list(fleet.specs)
     st.download_button("Download JSON report",  # the CLI's report: findings included, computed on click
                        data=lambda: data.report_json(data.load_fleet(specs, config=config, findings=True).scan,
@@ -348,27 +468,65 @@ def show_fleet(fleet: data.Fleet, config: ScanConfig) -> None:
                        file_name="klwatch-report.json", mime="application/json", icon=":material/download:", on_click="ignore")
 
 
-def show_run(key: str, result: LineageResult) -> None:
+@st.fragment(run_every=1.0)
+def _await_findings(fleet: data.Fleet, config: ScanConfig) -> None:
+    """Poll the background finding jobs (this fragment only) and redraw the page once they are done."""
+    if not data.fleet_findings(fleet, config=config)[1]:
+        st.rerun(scope="app")
+
+
+def _mark_panels_changed(key: str) -> None:
+    st.session_state["_panels_changed::" + key] = True
+
+
+def show_run(key: str, result: LineageResult, *, fleet: data.Fleet, config: ScanConfig) -> None:
+    """One run: its shown status, findings and tracker link in the header, a warning when its
+    stitching looks wrong, the chart with its options, the comparison with a control run, the
+    boundaries and the rest."""
     lin = result.lineage
-    st.header(f"{STATUS_ICON.get(result.status, '')} {say(lin.name)}", anchor=False)
+    status = data.shown_status(result)
+    st.header(f"{STATUS_ICON.get(status, '')} {say(lin.name)}", anchor=False)
     trackers = ", ".join(dict.fromkeys(s.kind for s in lin.segments))
-    st.markdown(f":{BADGE_COLOR.get(result.status, 'gray')}-badge[{result.status}] · metric "
+    link = data.tracker_link(lin)
+    st.markdown(f":{BADGE_COLOR.get(status, 'gray')}-badge[{status}] · metric "
                 f"{safety.code(scrub(result.metric or '-', _secrets))} · {say(trackers)} · {len(lin.segments)} segment(s) · "
-                f"{len(lin.boundaries)} resume(s)")
+                f"{len(lin.boundaries)} resume(s)" + (f" · [{link[0]} :material/open_in_new:]({_link_target(link[1])})" if link else ""))
+    if result.findings:
+        st.markdown(" ".join(f":{SEVERITY_BADGE.get(f.severity, 'gray')}-badge[:material/report: {say(f.detector)}"
+                             f"{f' · step {f.step}' if f.step is not None else ''}]" for f in result.findings),
+                    help="Findings of the other resume-integrity detectors (marked on the chart at their step).")
     if result.error:
         st.error(say(result.error), icon=":material/warning:")
+    for why in implausible(lin):
+        st.warning(f"This stitching looks implausible: {why}. Check the Members below; the sidebar's Stitching "
+                   "overrides (group-by key, lineage file) can split it.", icon=":material/call_split:")
     names = [n for n in lin.metric_names() if not n.startswith("_") and n != result.metric]
-    linked = st.multiselect("Panels below the KL (same step axis)", names,
-                            default=charts.pick_linked_metrics(names, exclude=[result.metric or ""]),
-                            key=f"linked::{key}")
+    cited = [m for f in result.findings for m in data.finding_metrics(f, lin) if m != result.metric]
+    default = list(dict.fromkeys([*cited, *charts.pick_linked_metrics(names, exclude=[result.metric or "", *cited])]))
+    pkey = f"linked::{key}"
+    if pkey in st.session_state:  # a link's panels: only the run's own series
+        st.session_state[pkey] = [m for m in st.session_state[pkey] if m in names]
+    linked = st.multiselect("Panels below the KL (one x axis; the series a finding cites are added)", names,
+                            default=None if pkey in st.session_state else default, key=pkey,
+                            on_change=_mark_panels_changed, args=(key,))
+    control, cmp = show_compare_controls(key, result, fleet=fleet, config=config)
+    x_range = chart_controls(result)
     if result.metric or linked:
-        fig = charts.run_figure(result, linked=linked)
+        view = {"linked": tuple(linked), "smoothing": float(st.session_state.get("smoothing") or 0.0),
+                "log_y": bool(st.session_state.get("log_y")), "x_axis": st.session_state.get("x_axis") or "step",
+                "x_range": x_range, "theme": _theme(), "control": st.session_state.get("control")}
+        fig = data.figure_cached(key, fleet.fingerprints.get(fleet.source_of[fleet.keys.index(key)], ""),
+                                 data.config_key(config), repr(sorted(view.items())), _result=result, _view=view,
+                                 _control=control, _comparison=cmp)
         st.plotly_chart(fig, key="run_chart", config=charts.plot_config(lin.name))
         c1, c2 = st.columns([1, 3])
         c1.download_button("Download chart (HTML)", data=lambda: charts.figure_html(fig, filename=lin.name),
                            file_name=f"{charts.plot_config(lin.name)['toImageButtonOptions']['filename']}.html",
                            mime="text/html", icon=":material/download:", on_click="ignore")
-        c2.caption("PNG: the camera icon in the chart's toolbar. Hover a point for its step, value, wall time and segment.")
+        c2.caption("PNG: the camera icon in the chart's toolbar. Hover for every panel's value at that step. "
+                   "◆ marks a finding at its step on the series it cites.")
+    if cmp is not None:
+        show_comparison(cmp)
     show_boundaries(result.verdicts)
     st.subheader("Findings")
     if not result.findings:
@@ -386,6 +544,95 @@ def show_run(key: str, result: LineageResult) -> None:
             st.json(scrubbed(lin.config), expanded=1)
         else:
             st.caption("No config was logged.")
+
+
+def _link_target(url: str) -> str:
+    """A tracker URL as a markdown link target: already http(s) and free of spaces and brackets
+    (``data.tracker_link``); parentheses percent-encoded so the target cannot end early."""
+    return url.replace("(", "%28").replace(")", "%29")
+
+
+def _theme() -> str:
+    """The browser's theme ('light' or 'dark') for the chart's colours; light when unknown."""
+    try:
+        kind = st.context.theme.type
+    except AttributeError:
+        return "light"
+    return kind if kind in charts.THEMES else "light"
+
+
+def implausible(lin: Lineage) -> list[str]:
+    """What makes a stitched run unlikely to be one training run: dozens of resumes, or tracker
+    pieces whose configs differ (the core's ``configs_agree``, as stitching compares them)."""
+    out = []
+    if len(lin.boundaries) > IMPLAUSIBLE_RESUMES:
+        out.append(f"{len(lin.boundaries)} resumes in one run")
+    configs = [s.config for s in lin.segments if s.config]
+    differing = sum(1 for a, b in zip(configs, configs[1:]) if not configs_agree(a, b))
+    if differing:
+        out.append(f"{differing + 1} of its tracker pieces logged different configs")
+    return out
+
+
+def chart_controls(result: LineageResult) -> tuple[float, float] | None:
+    """Smoothing, log-scale y, the x axis, and zoom to a resume (±N steps): the x range to show."""
+    c1, c2, c3, c4, c5 = st.columns([2, 1, 2, 2, 1])
+    c1.slider("Smoothing", 0.0, 0.99, step=0.01, key="smoothing",
+              help="TensorBoard's exponential moving average, per piece (the raw series stays, faint).")
+    c2.toggle("Log y", key="log_y")
+    c3.segmented_control("x axis", list(charts.X_AXES), key="x_axis", format_func=lambda x: {
+        "step": "Step", "relative": "Relative", "wall": "Wall"}[x], help="Step, hours since the run's first point, or wall time.")
+    steps = [str(v.boundary.step) for v in sorted(result.verdicts, key=lambda v: v.boundary.step)]
+    if st.session_state.get("zoom") not in steps:
+        st.session_state["zoom"] = None
+    c4.selectbox("Zoom to resume", steps, key="zoom", index=None, placeholder="whole run",
+                 format_func=lambda s: f"resume at step {s}")
+    c5.number_input("± steps", min_value=1, step=10, key="zoom_steps")
+    zoom = st.session_state.get("zoom")
+    if not zoom:
+        return None
+    verdict = next(v for v in result.verdicts if str(v.boundary.step) == zoom)
+    half = int(st.session_state.get("zoom_steps") or ZOOM_STEPS)
+    xs = charts.XAxis(st.session_state.get("x_axis") or "step", result.lineage.pieces)
+    lo = xs.at(verdict.boundary.step - half, verdict.boundary.piece_index - 1)
+    hi = xs.at(verdict.boundary.step + half, verdict.boundary.piece_index)
+    center = xs.at(verdict.boundary.step, verdict.boundary.piece_index)
+    if center is None:
+        return None
+    if xs.kind == "step" or lo is None or hi is None:
+        lo, hi = (center - half, center + half) if xs.kind == "step" else (lo or center, hi or center)
+    return (lo, hi) if hi > lo else None
+
+
+def show_compare_controls(key: str, result: LineageResult, *, fleet: data.Fleet,
+                          config: ScanConfig) -> tuple[LineageResult | None, Comparison | None]:
+    """Compare this run (RESUMED) with a control run of the fleet, as ``klwatch compare`` does: the
+    core's ``compare_runs`` from RESUMED's first resume (or a step given)."""
+    runs = fleet.runs
+    labels = data.run_labels(fleet)
+    others = [k for k in runs if k != key]
+    if st.session_state.get("control") not in others:
+        st.session_state["control"] = None
+    c1, c2 = st.columns([3, 1])
+    c1.selectbox("Compare with a control run (a continuous run of the same config)", others, key="control", index=None,
+                 placeholder="no comparison", format_func=lambda k: safety.plain(scrub(labels.get(k, k), _secrets)))
+    control_key = st.session_state.get("control")
+    if not control_key:
+        return None, None
+    start = first_resume(result)
+    step = c2.number_input("compare from step", value=start if start is not None else 0, step=1, key=f"cmp_from::{key}",
+                           help="RESUMED's first resume by default (klwatch compare --from-step).")
+    control = runs[control_key]
+    cmp = data.comparison_cached(control_key, key, int(step), data.config_key(config), _control=control, _resumed=result)
+    return control, cmp
+
+
+def show_comparison(cmp: Comparison) -> None:
+    """The comparison's verdict and why, in the words of ``klwatch compare``."""
+    box = {"parted": st.error, "agree": st.success}.get(cmp.verdict, st.info)
+    box(f"**Compare: {cmp.verdict}.** {say(cmp.explanation)}", icon=":material/compare_arrows:")
+    for w in cmp.warnings:
+        st.warning(say(w))
 
 
 def show_boundaries(verdicts: list[BoundaryVerdict]) -> None:
@@ -441,11 +688,12 @@ def main() -> None:
     with st.spinner("Reading sources ..."):
         fleet = data.load_fleet(specs, config=config)
     show_sources(box, fleet, launch)
+    findings, pending = data.fleet_findings(fleet, config=config, wait=FINDINGS_WAIT_SECONDS)
 
     st.title("klwatch: resume boundaries")
     show_notices(launch)
     show_source_errors(fleet, launch)
-    show_fleet(fleet, config)
+    show_fleet(fleet, config, findings, pending)
 
     runs = fleet.runs
     run_key: str | None = None
@@ -454,14 +702,21 @@ def main() -> None:
         if wanted not in runs:
             if wanted and st.session_state.get("_linked_run") == wanted:
                 st.warning(f"The run {safety.code(safety.shorten(scrub(wanted, _secrets)))} from the link is not in these sources.")
-            flagged = [k for k, r in runs.items() if r.status == data.FLAGGED]
-            st.session_state["run"] = flagged[0] if flagged else next(iter(runs))
+            st.session_state["run"] = data.auto_open(fleet, findings=findings)
         st.divider()
-        run_key = st.selectbox("Run", list(runs), key="run",
-                               format_func=lambda k: safety.plain(scrub(f"{runs[k].lineage.name} ({runs[k].status})", _secrets)))
-        with st.container(key="run_view"):
-            show_run(run_key, data.judged_run(fleet, run_key, config=config))
+        labels = data.run_labels(fleet)
+        run_key = st.selectbox("Run", list(runs), key="run", index=None, placeholder="pick a run to open",
+                               format_func=lambda k: safety.plain(scrub(f"{labels[k]} ({data.shown_status(runs[k], findings.get(k, []))})", _secrets)))
+        if run_key is None:
+            st.info(f"No run opened by itself: every run here holds more than {data.POINT_BUDGET:,} points. "
+                    "Click one in the table (its chart is thinned to a few thousand points per panel).",
+                    icon=":material/speed:")
+        else:
+            with st.container(key="run_view"):
+                show_run(run_key, data.judged_run(fleet, run_key, config=config), fleet=fleet, config=config)
     sync_url(run=run_key, launch=launch)
 
+
+FINDINGS_WAIT_SECONDS = 1.0  # a page load waits this long for the fleet's findings, then draws and polls
 
 main()

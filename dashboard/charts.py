@@ -1,9 +1,11 @@
 """Plotly figures: the fleet picture and the run view, drawn from pipeline results as they are.
 
-Full fidelity is the rule: a trace is never randomly sampled; past ``max_points`` it is thinned with
-min/max buckets (``klwatch.downsample``) so a one-step drop to zero still shows, and long traces are
-drawn with WebGL. Colours carry the verdict everywhere: red reset, green ok, blue intentional,
-amber inconclusive.
+Full fidelity is the rule: a trace is never randomly sampled; past ``max_points`` points in one
+panel (every piece of the run together, raw and smoothed together) the panel is thinned with min/max
+buckets (``klwatch.downsample``) so a one-step drop to zero still shows, and long traces are drawn
+with WebGL; a run of dozens of pieces is drawn as one line per panel. The cost of a run view is
+therefore bounded by its panels, never by the run's length or its number of pieces. Colours carry
+the verdict everywhere: red reset, green ok, blue intentional, amber inconclusive, violet a finding.
 
 Every text from a run (its name, metric names, segment refs, the step axis, explanations) goes
 through ``safety.plot_text``: Plotly renders a subset of HTML in titles, legends, annotations and
@@ -13,7 +15,8 @@ hover labels, and a run name is anyone's to write.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -22,20 +25,42 @@ import plotly.graph_objects as go
 from klwatch.dashboard.safety import plot_text
 from klwatch.downsample import minmax_indices
 from klwatch.metrics import ENTROPY, GRAD_NORM, LOSS, LR, REWARD, MetricFamily, find_metric
-from klwatch.model import LineageResult, Series
+from klwatch.comparison import Comparison
+from klwatch.model import Finding, LineageResult, Series
 from klwatch.reference_reset import ReferenceResetConfig
 
 VERDICT_COLORS = {"reference_reset": "#d62728", "ok": "#2ca02c", "intentional": "#1f77b4", "inconclusive": "#ff9f1c"}
+FINDING_COLOR = "#9467bd"
 STATUS_COLORS = {**VERDICT_COLORS, "error": "#7f0000", "no_kl_metric": "#8c8c8c", "kl_disabled": "#b0b0b0",
-                 "insufficient_data": "#bcbd22"}
+                 "insufficient_data": "#bcbd22", "ok, with findings": FINDING_COLOR}
+PART_COLOR = "#e377c2"
+THEMES = {
+    "light": {"before": "rgba(110,110,110,0.18)", "control": "#555555", "after_alpha": 0.18, "raw_alpha": 0.22},
+    "dark": {"before": "rgba(215,215,215,0.22)", "control": "#d0d0d0", "after_alpha": 0.28, "raw_alpha": 0.3},
+}
+"""What differs between a light and a dark page (text colours are left to Streamlit's chart theme)."""
 VERDICT_LABELS = {"reference_reset": "RESET", "ok": "ok", "intentional": "intentional", "inconclusive": "?"}
 PIECE_COLORS = ["#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd",
                 "#c44e52"]
 
-MAX_POINTS = 4_000
-"""Points drawn per trace before min/max thinning starts."""
+def _env_points(name: str, default: int) -> int:
+    try:
+        return max(8, int(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
+PANEL_POINTS = _env_points("KLWATCH_DASHBOARD_PANEL_POINTS", 6_000)
+"""Points drawn per panel (all pieces, raw and smoothed together) before min/max thinning starts."""
+MAX_POINTS = PANEL_POINTS
 WEBGL_ABOVE = 2_000
 """Total points in a figure above which traces are drawn with WebGL (Scattergl)."""
+MAX_PIECE_TRACES = 24
+"""Pieces drawn as their own trace (own colour, own legend entry); past this a panel is one line."""
+MIN_WINDOW_FRACTION = 0.01
+"""A shaded compared window is at least this share of the x axis wide (a few pixels on a long run)."""
+X_AXES = ("step", "relative", "wall")
+"""The run view's x axis: the step, hours since the run's first point, or the wall clock."""
 
 LINKED_FAMILIES: tuple[MetricFamily, ...] = (LOSS, REWARD, LR, GRAD_NORM, ENTROPY)
 """Other series worth seeing under the KL, in panel order."""
@@ -63,68 +88,184 @@ def _wall_strings(wall_times: np.ndarray | None, n: int) -> np.ndarray:
     return stamps.dt.strftime("%Y-%m-%d %H:%M:%S UTC").fillna("-").to_numpy(dtype=object)
 
 
-def _thin(series: Series, max_points: int) -> Series:
-    if len(series) <= max_points:
-        return series
-    return series.take(minmax_indices(series.values, max_points=max_points))
+def ema(values: np.ndarray, weight: float) -> np.ndarray:
+    """TensorBoard's smoothing: a debiased exponential moving average (the first points are not
+    pulled towards zero); non-finite points are skipped and keep their place. Applied per piece, so a
+    drop at a resume is never smeared back into the run before it."""
+    out = np.array(values, dtype=np.float64, copy=True)
+    if weight <= 0 or not len(out):
+        return out
+    finite = np.isfinite(out)
+    x = out[finite]
+    if not len(x):
+        return out
+    from scipy.signal import lfilter  # scipy is a klwatch dependency; imported when smoothing is asked
+
+    last = lfilter([1.0 - weight], [1.0, -weight], x)
+    out[finite] = last / (1.0 - weight ** np.arange(1, len(x) + 1))
+    return out
 
 
-def _trace(series: Series, *, name: str, color: str, segment: str, metric: str, webgl: bool,
-           showlegend: bool, legendgroup: str, axis: int) -> dict:
+def thin_panel(parts: Sequence[Series], max_points: int) -> list[Series]:
+    """The pieces of one panel thinned together to at most ``max_points`` points: min/max buckets over
+    all of them in logged order (``minmax_indices``), each piece keeping its first and last point while
+    that leaves most of the budget to the buckets."""
+    total = sum(len(p) for p in parts)
+    if total <= max_points:
+        return list(parts)
+    ends = 2 * len(parts) if 4 * len(parts) <= max_points else 0
+    values = np.concatenate([p.values for p in parts])
+    keep = minmax_indices(values, max_points=max(4, max_points - ends))
+    out, offset = [], 0
+    for p in parts:
+        sel = keep[(keep >= offset) & (keep < offset + len(p))] - offset
+        if ends and len(p):
+            sel = np.union1d(sel, [0, len(p) - 1])
+        out.append(p.take(np.asarray(sel, dtype=np.int64)))
+        offset += len(p)
+    return out
+
+
+class XAxis:
+    """Steps to x coordinates for the axis chosen: the step itself, hours since the run's first wall
+    time, or the wall time (milliseconds since the epoch, on a date axis). Marks (boundaries, windows,
+    findings) sit at steps; on a clock axis they go where the piece that logged that step was then."""
+
+    def __init__(self, kind: str, pieces: Sequence[dict[str, Series]]) -> None:
+        self.pieces = pieces
+        walls = [s.wall_times for p in pieces for s in p.values() if s.wall_times is not None and len(s)]
+        self.has_clock = bool(walls) and all(s.wall_times is not None for p in pieces for s in p.values() if len(s))
+        self.kind = kind if kind in X_AXES and (kind == "step" or self.has_clock) else "step"
+        self.t0 = float(min(float(np.nanmin(w)) for w in walls)) if walls else 0.0
+
+    def of_series(self, s: Series) -> np.ndarray:
+        if self.kind == "step" or s.wall_times is None:
+            return s.steps
+        return self._clock(s.wall_times)
+
+    def _clock(self, wall: np.ndarray | float) -> np.ndarray:
+        w = np.asarray(wall, dtype=np.float64)
+        return (w - self.t0) / 3600.0 if self.kind == "relative" else w * 1000.0
+
+    def at(self, step: float, piece: int | None = None) -> float | None:
+        """The x of ``step``, looked up in piece ``piece`` first, then in the latest piece holding it."""
+        if self.kind == "step":
+            return float(step)
+        order = ([piece] if piece is not None and 0 <= piece < len(self.pieces) else []) + \
+            list(range(len(self.pieces) - 1, -1, -1))
+        for k in order:
+            longest = max((s for s in self.pieces[k].values() if s.wall_times is not None and len(s)), key=len, default=None)
+            if longest is None or not longest.steps.min() <= step <= longest.steps.max():
+                continue
+            o = np.argsort(longest.steps, kind="stable")
+            return float(self._clock(np.interp(step, longest.steps[o], longest.wall_times[o])))  # type: ignore[index]
+        return None
+
+    @property
+    def title(self) -> str | None:
+        return {"relative": "hours since the run's first point", "wall": "wall time (UTC)"}.get(self.kind)
+
+
+def _trace(series: Series, *, x: np.ndarray, name: str, color: str, segment: str, metric: str, webgl: bool,
+           showlegend: bool, legendgroup: str, axis: int, opacity: float = 1.0, hover: bool = True,
+           dash: str | None = None) -> dict:
     # The wall time differs per point; the segment is the trace's own, so it lives in the template
     # (not repeated per point: the figure's JSON is what every click ships to the browser).
-    custom = _wall_strings(series.wall_times, len(series)) if len(series) else None
     suffix = "" if axis == 1 else str(axis)
-    return {
+    trace = {
         "type": "scattergl" if webgl else "scatter",
-        "x": series.steps, "y": series.values, "xaxis": f"x{suffix}", "yaxis": f"y{suffix}",
-        "mode": "lines+markers" if len(series) <= 300 else "lines",
+        "x": x, "y": series.values, "xaxis": "x", "yaxis": f"y{suffix}",
+        "mode": "lines+markers" if len(series) <= 300 and opacity == 1.0 else "lines",
         "name": plot_text(name), "legendgroup": legendgroup, "showlegend": showlegend,
-        "line": {"color": color, "width": 1.6}, "marker": {"color": color, "size": 4},
-        "customdata": custom,
-        "hovertemplate": (f"<b>{plot_text(metric)}</b><br>step %{{x}}<br>value %{{y:.4g}}<br>%{{customdata}}"
-                          f"<br>segment {plot_text(segment)}<extra></extra>"),
+        "line": {"color": color, "width": 1.6, **({"dash": dash} if dash else {})}, "marker": {"color": color, "size": 4},
+        "opacity": opacity, "connectgaps": False,
     }
+    if not hover:
+        trace["hoverinfo"] = "skip"
+        return trace
+    trace["customdata"] = _wall_strings(series.wall_times, len(series)) if len(series) else None
+    trace["text"] = series.steps  # the step, whatever the x axis is (not drawn: the mode has no text)
+    trace["hovertemplate"] = (f"<b>{plot_text(metric)}</b> %{{y:.4g}}<br>step %{{text}} · %{{customdata}}"
+                              f"<br>{plot_text(segment)}<extra></extra>")
+    return trace
 
 
-def run_figure(result: LineageResult, *, linked: Sequence[str] = (), max_points: int = MAX_POINTS,
-               webgl_above: int = WEBGL_ABOVE) -> go.Figure:
+def run_figure(result: LineageResult, *, linked: Sequence[str] = (), max_points: int = PANEL_POINTS,
+               webgl_above: int = WEBGL_ABOVE, findings: Sequence[Finding] | None = None, smoothing: float = 0.0,
+               log_y: bool = False, x_axis: str = "step", x_range: tuple[float, float] | None = None,
+               theme: str = "light", control: LineageResult | None = None,
+               comparison: Comparison | None = None, status: str | None = None) -> go.Figure:
     """The KL over the whole training run, one colour per piece, every resume boundary marked.
 
     Each boundary is a vertical line through all panels, coloured and labelled with its verdict and
     score; the windows the detector compared are shaded on the KL panel (before in grey, after in
-    the verdict's colour). Panels below share the x axis (step) and show ``linked`` series. The
-    figure is assembled as one plain spec and validated once (plotly's incremental API costs
-    hundreds of milliseconds for a few panels, paid on every click).
+    the verdict's colour; never narrower than a sliver of the axis, and named in the legend). Each
+    finding is marked at its step on the panel of the series it cites. Panels below share one x
+    axis (so one hover reads every panel at that step) and show ``linked`` series. With ``control``
+    (and the ``comparison`` the core made of the two), the control run's KL is drawn over the KL
+    panel and the step where they part is marked. The figure is assembled as one plain spec and
+    validated once (plotly's incremental API costs hundreds of milliseconds for a few panels).
     """
     lin = result.lineage
+    findings = result.findings if findings is None else findings
     metric = result.metric or lin.kl_metric
-    panels = ([metric] if metric else []) + [m for m in linked if m != metric]
+    panels = ([metric] if metric else []) + [m for m in dict.fromkeys(linked) if m != metric]
     rows = max(1, len(panels))
-    layout, domains = _panel_axes(rows, x_title=plot_text(lin.step_axis or "step"))
-    traces, thinned = _piece_traces(result, panels, max_points=max_points, webgl_above=webgl_above)
+    xs = XAxis(x_axis, lin.pieces)
+    layout, domains = _panel_axes(rows, x_title=plot_text(xs.title or lin.step_axis or "step"), x_kind=xs.kind,
+                                  log_y=log_y)
+    colors = THEMES.get(theme, THEMES["light"])
+    traces, thinned = _piece_traces(result, panels, xs=xs, max_points=max_points, webgl_above=webgl_above,
+                                    smoothing=smoothing, raw_alpha=colors["raw_alpha"],
+                                    control=control if metric else None, control_color=colors["control"])
     titles = [plot_text(f"−{p} (logged negated)" if i == 0 and p == lin.kl_metric and lin.kl_negated else p)
               for i, p in enumerate(panels)]
     annotations: list[dict] = [
         {"text": t, "x": 0.0, "xref": "paper", "xanchor": "left", "y": domains[r][1], "yref": "paper",
-         "yanchor": "bottom", "showarrow": False, "font": {"size": 12, "color": "#444"}}
+         "yanchor": "bottom", "showarrow": False, "font": {"size": 12}}
         for r, t in enumerate(titles)]
-    shapes = _boundary_marks(result, annotations, on_panel=bool(panels), shade=metric is not None)
-    title = f"{plot_text(lin.name)}: {result.status}"
+    span = _x_span(traces, x_range)
+    shapes = _boundary_marks(result, annotations, xs=xs, on_panel=bool(panels), shade=metric is not None,
+                             min_width=span * MIN_WINDOW_FRACTION, colors=colors)
+    if metric and any(s["type"] == "rect" for s in shapes):
+        traces += _window_legend(colors)
+    shapes += _finding_marks(findings, result, panels, annotations, xs=xs, log_y=log_y)
+    if comparison is not None and control is not None:
+        shapes += _parting_marks(comparison, annotations, xs=xs, on_panel=bool(panels))
+    title = f"{plot_text(lin.name)}: {status or result.status}"
     if thinned:
-        title += f"  (long series: min/max of each bucket drawn, ≤{max_points:,} points per piece)"
+        title += f"  (long series: min/max of each bucket drawn, ≤{max_points:,} points per panel)"
+    if xs.kind != x_axis:
+        title += "  (no wall clock in this run: x is the step)"
+    if x_range is not None:
+        layout["xaxis"]["range"] = list(x_range)
+        layout["xaxis"]["autorange"] = False
     layout.update(
-        title={"text": title, "font": {"size": 15}}, height=430 + 170 * (rows - 1), hovermode="closest",
+        title={"text": title, "font": {"size": 15}}, height=430 + 170 * (rows - 1),
+        hovermode="x unified", hoversubplots="axis",
         margin={"l": 60, "r": 20, "t": 90, "b": 95},
         legend={"orientation": "h", "x": 0.0, "y": 0.0, "yanchor": "bottom", "yref": "container", "font": {"size": 11}},
-        uirevision=lin.id, shapes=shapes, annotations=annotations,
+        uirevision=f"{lin.id}:{xs.kind}:{log_y}:{x_range}", shapes=shapes, annotations=annotations,
     )
     return go.Figure({"data": traces, "layout": layout})
 
 
-def _panel_axes(rows: int, *, x_title: str) -> tuple[dict, list[tuple[float, float]]]:
-    """One x/y axis pair per panel, top to bottom, the x axes matched (zoom one, zoom all) and the KL's
-    panel the tallest: the layout's axes and each panel's vertical domain."""
+def _x_span(traces: list[dict], x_range: tuple[float, float] | None) -> float:
+    if x_range is not None:
+        return float(abs(x_range[1] - x_range[0]))
+    lo, hi = np.inf, -np.inf
+    for t in traces:
+        x = np.asarray(t.get("x") if t.get("x") is not None else [], dtype=np.float64)
+        x = x[np.isfinite(x)]
+        if len(x):
+            lo, hi = min(lo, float(x.min())), max(hi, float(x.max()))
+    return hi - lo if hi > lo else 0.0
+
+
+def _panel_axes(rows: int, *, x_title: str, x_kind: str = "step", log_y: bool = False) -> tuple[dict, list[tuple[float, float]]]:
+    """One y axis per panel, top to bottom, all on one x axis (zoom one, zoom all; one hover across
+    them) drawn under the bottom panel, the KL's panel the tallest: the layout's axes and each panel's
+    vertical domain."""
     gap = 0.045 if rows > 1 else 0.0
     weights = [2.2] + [1.0] * (rows - 1)
     usable = 1.0 - gap * (rows - 1)
@@ -133,66 +274,209 @@ def _panel_axes(rows: int, *, x_title: str) -> tuple[dict, list[tuple[float, flo
         h = usable * w / sum(weights)
         domains.append((max(0.0, top - h), top))
         top = top - h - gap
-    layout: dict = {}
+    bottom = "" if rows == 1 else str(rows)
+    layout: dict = {"xaxis": {"anchor": f"y{bottom}", "domain": [0.0, 1.0], "title": {"text": x_title},
+                              "showspikes": True, "spikemode": "across", "spikesnap": "cursor", "spikethickness": 1,
+                              **({"type": "date"} if x_kind == "wall" else {})}}
     for r in range(1, rows + 1):
         sfx = "" if r == 1 else str(r)
-        layout[f"xaxis{sfx}"] = {"anchor": f"y{sfx}", "domain": [0.0, 1.0], "showticklabels": r == rows,
-                                 "showspikes": True, "spikemode": "across", "spikesnap": "cursor", "spikethickness": 1,
-                                 **({} if r == 1 else {"matches": "x"}),
-                                 **({"title": {"text": x_title}} if r == rows else {})}
-        layout[f"yaxis{sfx}"] = {"anchor": f"x{sfx}", "domain": list(domains[r - 1])}
+        layout[f"yaxis{sfx}"] = {"anchor": "x", "domain": list(domains[r - 1]), **({"type": "log"} if log_y else {})}
     return layout, domains
 
 
-def _piece_traces(result: LineageResult, panels: Sequence[str], *, max_points: int,
-                  webgl_above: int) -> tuple[list[dict], bool]:
-    """One trace per piece in every panel (the legend names each piece's segment once); whether
-    any trace was thinned."""
+def _segment_ref(lin, i: int) -> str:
+    seg_i = lin.piece_segments[i] if i < len(lin.piece_segments) else 0
+    return lin.segments[seg_i].ref if seg_i < len(lin.segments) else "?"
+
+
+def _panel_series(result: LineageResult, m: str) -> list[Series | None]:
+    """The metric in every piece: the KL as a distance (a KL logged negated flipped back), every
+    other series as logged."""
+    lin = result.lineage
+    return lin.kl_pieces() if m == lin.kl_metric else [p.get(m) for p in lin.pieces]
+
+
+def _piece_traces(result: LineageResult, panels: Sequence[str], *, xs: XAxis, max_points: int, webgl_above: int,
+                  smoothing: float = 0.0, raw_alpha: float = 0.25, control: LineageResult | None = None,
+                  control_color: str = "#555") -> tuple[list[dict], bool]:
+    """One trace per piece in every panel (the legend names each piece's segment once), or one line
+    per panel when the run has more pieces than a legend can hold; with ``smoothing`` the raw series
+    stays, faint, behind the smoothed one; with ``control``, its KL over the KL panel. Every panel
+    within ``max_points`` together. Whether any panel was thinned."""
     lin = result.lineage
     traces: list[dict] = []
-    total = sum(len(p[m]) for p in lin.pieces for m in panels if m in p)
+    total = sum(len(p[m]) for p in lin.pieces for m in panels if m in p) * (2 if smoothing > 0 else 1)
     webgl = total > webgl_above
     thinned = False
+    many = len(lin.pieces) > MAX_PIECE_TRACES
     for row, m in enumerate(panels, start=1):
-        # the KL as a distance (a KL logged negated flipped back), every other series as logged
-        series = lin.kl_pieces() if m == lin.kl_metric else [p.get(m) for p in lin.pieces]
-        for i, s in enumerate(series):
-            if s is None or not len(s):
+        present = [(i, s) for i, s in enumerate(_panel_series(result, m)) if s is not None and len(s)]
+        ctl = [s for s in control.lineage.kl_pieces() if s is not None and len(s)] if control and row == 1 else []
+        layers = ([("raw", raw_alpha), ("smoothed", 1.0)] if smoothing > 0 else [("raw", 1.0)])
+        budget = max(8, max_points // (len(layers) + (1 if ctl else 0)))
+        for layer, opacity in layers:
+            parts = [Series(s.steps, ema(s.values, smoothing), s.wall_times) if layer == "smoothed" else s
+                     for _, s in present]
+            drawn = thin_panel(parts, budget)
+            thinned |= sum(len(d) for d in drawn) < sum(len(p) for p in parts)
+            main = opacity == 1.0
+            if many:
+                traces.append(_joined_trace(drawn, xs=xs, name=f"{len(present)} pieces (one line)", metric=m,
+                                            webgl=webgl, showlegend=row == 1 and main, axis=row, opacity=opacity,
+                                            hover=main))
                 continue
-            drawn = _thin(s, max_points)
-            thinned |= len(drawn) < len(s)
-            seg_i = lin.piece_segments[i] if i < len(lin.piece_segments) else 0
-            seg_ref = lin.segments[seg_i].ref if seg_i < len(lin.segments) else "?"
-            traces.append(_trace(drawn, name=f"piece {i + 1}: {seg_ref.rstrip('/').rsplit('/', 1)[-1]}",
-                                 color=PIECE_COLORS[i % len(PIECE_COLORS)], segment=seg_ref, metric=m, webgl=webgl,
-                                 showlegend=row == 1, legendgroup=f"piece{i}", axis=row))
+            for (i, _), d in zip(present, drawn):
+                seg_ref = _segment_ref(lin, i)
+                traces.append(_trace(d, x=xs.of_series(d), name=f"piece {i + 1}: {seg_ref.rstrip('/').rsplit('/', 1)[-1]}",
+                                     color=PIECE_COLORS[i % len(PIECE_COLORS)], segment=f"segment {seg_ref}", metric=m,
+                                     webgl=webgl, showlegend=row == 1 and main, legendgroup=f"piece{i}", axis=row,
+                                     opacity=opacity, hover=main))
+        if ctl:
+            drawn = thin_panel(ctl, budget)
+            thinned |= sum(len(d) for d in drawn) < sum(len(p) for p in ctl)
+            cx = XAxis(xs.kind, control.lineage.pieces) if control is not None else xs
+            cx.t0 = xs.t0 if xs.kind == "relative" else cx.t0
+            joined = _join(drawn, cx)
+            traces.append(_trace(joined[0], x=joined[1], name=f"control: {control.lineage.name}",  # type: ignore[union-attr]
+                                 color=control_color, segment="control run", metric=m, webgl=webgl, showlegend=True,
+                                 legendgroup="control", axis=1, dash="dash"))
     return traces, thinned
 
 
-def _boundary_marks(result: LineageResult, annotations: list[dict], *, on_panel: bool, shade: bool) -> list[dict]:
+def _join(parts: Sequence[Series], xs: XAxis) -> tuple[Series, np.ndarray]:
+    """Pieces as one series with a gap (NaN) between pieces, and its x coordinates."""
+    steps, values, walls, xv = [], [], [], []
+    for k, p in enumerate(parts):
+        if k:
+            steps.append(np.array([p.steps[0] if len(p) else 0]))
+            values.append(np.array([np.nan]))
+            walls.append(np.array([np.nan]))
+            xv.append(np.array([np.nan]))
+        steps.append(p.steps)
+        values.append(p.values)
+        walls.append(p.wall_times if p.wall_times is not None else np.full(len(p), np.nan))
+        xv.append(np.asarray(xs.of_series(p), dtype=np.float64))
+    if not steps:
+        return Series(np.empty(0, np.int64), np.empty(0)), np.empty(0)
+    wall = np.concatenate(walls)
+    joined = Series(np.concatenate(steps), np.concatenate(values), None if np.isnan(wall).all() else wall)
+    return joined, np.concatenate(xv)
+
+
+def _joined_trace(parts: Sequence[Series], *, xs: XAxis, name: str, metric: str, webgl: bool, showlegend: bool,
+                  axis: int, opacity: float, hover: bool) -> dict:
+    joined, x = _join(parts, xs)
+    return _trace(joined, x=x, name=name, color=PIECE_COLORS[0], segment="pieces joined (boundaries are marked)",
+                  metric=metric, webgl=webgl, showlegend=showlegend, legendgroup="pieces", axis=axis,
+                  opacity=opacity, hover=hover)
+
+
+def _boundary_marks(result: LineageResult, annotations: list[dict], *, on_panel: bool, shade: bool,
+                    xs: XAxis | None = None, min_width: float = 0.0, colors: dict | None = None) -> list[dict]:
     """Every boundary's line and verdict label (added to ``annotations``; labels alternate in height
-    so neighbours do not overlap) and, with ``shade``, the KL windows its verdict compared."""
+    so neighbours do not overlap) and, with ``shade``, the KL windows its verdict compared, each at
+    least ``min_width`` wide (centred where it was narrower) so it shows on a long run."""
+    xs = xs or XAxis("step", result.lineage.pieces)
+    colors = colors or THEMES["light"]
     shapes: list[dict] = []
     for k, v in enumerate(sorted(result.verdicts, key=lambda v: v.boundary.step)):
         step = int(v.boundary.step)
+        x = xs.at(step, v.boundary.piece_index)
+        if x is None:
+            continue
         color = VERDICT_COLORS.get(v.verdict, "#555")
-        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": step, "x1": step, "y0": 0, "y1": 1,
+        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0, "y1": 1,
                        "line": {"color": color, "width": 2, "dash": "dash"}, "layer": "above"})
         label = f"{VERDICT_LABELS.get(v.verdict, v.verdict)} {v.score:.2f}"
-        annotations.append({"x": step, "xref": "x", "y": 1.0 + (0.07 if k % 2 else 0.0),
+        annotations.append({"x": x, "xref": "x", "y": 1.0 + (0.07 if k % 2 else 0.0),
                             "yref": "y domain" if on_panel else "paper", "text": f"<b>{label}</b>", "showarrow": False,
                             "yanchor": "bottom", "font": {"color": "white", "size": 11}, "bgcolor": color,
                             "borderpad": 2, "hovertext": f"step {step}: {plot_text(v.explanation)}"})
         if not shade:
             continue
-        for window, fill in ((v.window_before, "rgba(120,120,120,0.14)"), (v.window_after, _rgba(color, 0.16))):
-            if window:
-                lo, hi = window
-                if lo == hi:
-                    lo, hi = lo - 0.5, hi + 0.5
-                shapes.append({"type": "rect", "xref": "x", "yref": "y domain", "x0": lo, "x1": hi, "y0": 0,
-                               "y1": 1, "fillcolor": fill, "line": {"width": 0}, "layer": "below"})
+        for window, fill, piece in ((v.window_before, colors["before"], v.boundary.piece_index - 1),
+                                    (v.window_after, _rgba(color, colors["after_alpha"]), v.boundary.piece_index)):
+            if not window:
+                continue
+            lo, hi = xs.at(window[0], piece), xs.at(window[1], piece)
+            if lo is None or hi is None:
+                continue
+            if xs.kind == "step" and lo == hi:
+                lo, hi = lo - 0.5, hi + 0.5
+            if hi - lo < min_width:
+                mid = (lo + hi) / 2
+                lo, hi = mid - min_width / 2, mid + min_width / 2
+            shapes.append({"type": "rect", "xref": "x", "yref": "y domain", "x0": lo, "x1": hi, "y0": 0,
+                           "y1": 1, "fillcolor": fill, "line": {"width": 0}, "layer": "below"})
     return shapes
+
+
+def _window_legend(colors: dict) -> list[dict]:
+    """Legend entries naming the shaded windows (a shape has no legend entry of its own)."""
+    return [{"type": "scatter", "x": [None], "y": [None], "mode": "markers", "name": name, "showlegend": True,
+             "hoverinfo": "skip", "legendgroup": "windows",
+             "marker": {"symbol": "square", "size": 13, "color": color}}
+            for name, color in (("KL compared before the resume", colors["before"]),
+                                ("KL compared after (verdict colour)", _rgba(VERDICT_COLORS["ok"], colors["after_alpha"] + 0.2)))]
+
+
+def _finding_marks(findings: Sequence[Finding], result: LineageResult, panels: Sequence[str], annotations: list[dict],
+                   *, xs: XAxis, log_y: bool) -> list[dict]:
+    """Each finding with a step: a violet label pointing at the cited series' value there (on the
+    panel of the first series it cites that is drawn, else on the KL's), and a dotted line through
+    that panel only."""
+    from klwatch.dashboard.data import finding_metrics
+
+    shapes: list[dict] = []
+    if not panels:
+        return shapes
+    for k, f in enumerate(f for f in findings if f.step is not None):
+        cited = [m for m in finding_metrics(f, result.lineage) if m in panels]
+        row = panels.index(cited[0]) + 1 if cited else 1
+        sfx = "" if row == 1 else str(row)
+        x = xs.at(int(f.step))  # type: ignore[arg-type]
+        if x is None:
+            continue
+        y = _value_at(_panel_series(result, panels[row - 1]), int(f.step))  # type: ignore[arg-type]
+        shapes.append({"type": "line", "xref": "x", "yref": f"y{sfx} domain", "x0": x, "x1": x, "y0": 0, "y1": 1,
+                       "line": {"color": FINDING_COLOR, "width": 2, "dash": "dot"}, "layer": "above"})
+        mark = {"x": x, "xref": "x", "text": f"◆ {plot_text(f.detector)}", "showarrow": True, "arrowhead": 2,
+                "arrowcolor": FINDING_COLOR, "ax": 30 + 12 * (k % 3), "ay": -28 - 16 * (k % 3),
+                "font": {"color": "white", "size": 11}, "bgcolor": FINDING_COLOR, "borderpad": 2,
+                "hovertext": plot_text(f"step {f.step}, {f.severity}: {f.message}")}
+        if y is not None and (not log_y or y > 0):
+            mark.update(y=float(np.log10(y)) if log_y else y, yref=f"y{sfx}")
+        else:
+            mark.update(y=0.9, yref=f"y{sfx} domain")
+        annotations.append(mark)
+    return shapes
+
+
+def _value_at(parts: Sequence[Series | None], step: int) -> float | None:
+    """The value logged at ``step`` (the latest piece holding it), else None."""
+    for s in reversed(parts):
+        if s is None or not len(s):
+            continue
+        hit = np.flatnonzero(s.steps == step)
+        if len(hit) and np.isfinite(s.values[hit[-1]]):
+            return float(s.values[hit[-1]])
+    return None
+
+
+def _parting_marks(cmp: Comparison, annotations: list[dict], *, xs: XAxis, on_panel: bool) -> list[dict]:
+    """Where the resumed run parts from the control (the comparison's step), or where it was compared
+    from when they agree."""
+    step = cmp.part_step if cmp.part_step is not None else cmp.resume_step
+    x = xs.at(step)
+    if x is None:
+        return []
+    text = f"parted at step {step}" if cmp.part_step is not None else f"compared from step {step}: {cmp.verdict}"
+    annotations.append({"x": x, "xref": "x", "y": 0.0, "yref": "y domain" if on_panel else "paper", "yanchor": "top",
+                        "text": f"<b>{plot_text(text)}</b>", "showarrow": False, "font": {"color": "white", "size": 11},
+                        "bgcolor": PART_COLOR, "borderpad": 2, "hovertext": plot_text(cmp.explanation)})
+    return [{"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0, "y1": 1,
+             "line": {"color": PART_COLOR, "width": 3, "dash": "solid" if cmp.part_step is not None else "dot"},
+             "layer": "above"}]
 
 
 def _rgba(hex_color: str, alpha: float) -> str:

@@ -26,13 +26,19 @@ import os
 import time
 from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
+import plotly.graph_objects as go
 import streamlit as st
 
-from klwatch.model import Lineage, LineageResult, ScanResult, SourceRead
+from klwatch.comparison import Comparison, compare_runs
+
+from klwatch.model import Finding, Lineage, LineageResult, ScanResult, SourceRead
 from klwatch.pipeline import ScanConfig, judge_lineage, judge_reads, read_sources
 from klwatch.redact import redact_spec, scrub
 from klwatch.report import to_json
@@ -45,6 +51,23 @@ REMOTE_TTL_SECONDS = 60.0
 MAX_FINGERPRINT_ENTRIES = 20_000
 """Stat at most this many files; past it, the folder mtimes alone stand for the tree."""
 FLAGGED = "reference_reset"
+OK_WITH_FINDINGS = "ok, with findings"
+"""A display status only (the JSON report's ``status`` stays ``ok``): the KL verdict is fine, but
+another resume-integrity detector reported a warning or an error."""
+FINDING_SEVERITIES = ("error", "warning")
+"""Findings that turn a shown ``ok`` into ``ok, with findings`` (``info`` ones are listed, not raised)."""
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return max(4, int(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
+POINT_BUDGET = _env_int("KLWATCH_DASHBOARD_POINT_BUDGET", 200_000)
+"""A run is opened by itself (the first flagged one) only when its pieces hold at most this many
+points: a wrongly stitched lineage of a whole fleet must never be what a page load pays for."""
 
 
 def default_sources() -> list[str]:
@@ -120,6 +143,41 @@ def run_cached(spec: str, fp: str, judge_key: str, position: int, _lineage: Line
     return judge_lineage(_lineage, config=_config)
 
 
+_FINDINGS_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="klwatch-findings")
+
+
+def _judge_all(lineages: list[Lineage], config: ScanConfig) -> list[LineageResult]:
+    return [judge_lineage(lin, config=config) for lin in lineages]
+
+
+@st.cache_resource(max_entries=32, show_spinner=False)
+def findings_job(spec: str, fp: str, judge_key: str, _lineages: tuple[Lineage, ...],
+                 _config: ScanConfig) -> Future[list[LineageResult]]:
+    """Every run of one SOURCE judged with its findings, in a background thread: the fleet table shows
+    at once and gains its finding badges when this is done (started once per read and configuration)."""
+    return _FINDINGS_POOL.submit(_judge_all, list(_lineages), _config)
+
+
+@st.cache_resource(max_entries=24, show_spinner=False)
+def figure_cached(key: str, fp: str, judge_key: str, view_key: str, *, _result: LineageResult, _view: dict[str, Any],
+                  _control: LineageResult | None = None, _comparison: Comparison | None = None) -> go.Figure:
+    """The run view's figure, built once per run, read, thresholds and view options (``view_key``
+    spells ``_view``, which holds the control run's key): a click elsewhere on the page redraws it
+    without rebuilding it."""
+    from klwatch.dashboard import charts
+
+    view = {k: v for k, v in _view.items() if k != "control"}
+    return charts.run_figure(_result, **view, findings=_result.findings, control=_control, comparison=_comparison,
+                             status=shown_status(_result))
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def comparison_cached(control_key: str, resumed_key: str, resume_step: int, judge_key: str, *,
+                      _control: LineageResult, _resumed: LineageResult) -> Comparison:
+    """``klwatch compare``'s statistic (the core's ``compare_runs``) of two runs of the fleet."""
+    return compare_runs(_control, _resumed, resume_step=resume_step)
+
+
 @st.cache_resource(max_entries=32, show_spinner=False)
 def metric_names_cached(spec: str, fp: str) -> list[str]:
     """Every metric name the source logs (for the metric picker)."""
@@ -193,19 +251,111 @@ def _unique_keys(results: Sequence[LineageResult], source_of: Sequence[str]) -> 
 
 
 def judged_run(fleet: Fleet, key: str, *, config: ScanConfig) -> LineageResult:
-    """The fleet's run ``key`` judged with its findings (cached per run and thresholds)."""
+    """The fleet's run ``key`` judged with its findings (the background job's when it is done, else
+    judged now and cached per run and thresholds)."""
     i = fleet.keys.index(key)
     result, spec = fleet.scan.results[i], fleet.source_of[i]
     if not config.findings:
         return result
     position = fleet.source_of[:i].count(spec)
+    job = _jobs_started.get((spec, fleet.fingerprints[spec], config_key(config)))
+    if job is not None and job.done() and job.exception() is None:
+        return job.result()[position]
     return run_cached(spec, fleet.fingerprints[spec], config_key(config), position, result.lineage, config)
+
+
+_jobs_started: dict[tuple[str, str, str], Future[list[LineageResult]]] = {}
+"""The findings jobs this process started (what ``judged_run`` looks at without starting one)."""
+
+
+def fleet_findings(fleet: Fleet, *, config: ScanConfig, wait: float = 0.0) -> tuple[dict[str, list[Finding]], bool]:
+    """Every run's findings that are ready (by run key), and whether some are still being computed.
+
+    Starts the background job of each source that has none (``findings_job``), waits at most ``wait``
+    seconds for them, and never blocks longer: the page shows what is there and asks again.
+    """
+    if not config.findings:
+        return {}, False
+    key = config_key(config)
+    jobs: dict[str, Future[list[LineageResult]]] = {}
+    for spec in fleet.specs:
+        lineages = tuple(r.lineage for r, s in zip(fleet.scan.results, fleet.source_of) if s == spec)
+        if not lineages:
+            continue
+        fp = fleet.fingerprints[spec]
+        jobs[spec] = _jobs_started[(spec, fp, key)] = findings_job(spec, fp, key, lineages, config)
+    if wait > 0 and jobs:
+        wait_futures(list(jobs.values()), timeout=wait)
+    out: dict[str, list[Finding]] = {}
+    pending = False
+    for spec, job in jobs.items():
+        if not job.done():
+            pending = True
+            continue
+        if job.exception() is not None:
+            continue
+        judged = iter(job.result())
+        for run_key, s in zip(fleet.keys, fleet.source_of):
+            if s == spec:
+                out[run_key] = next(judged).findings
+    return out, pending
+
+
+def raises_status(findings: Sequence[Finding] | None) -> bool:
+    return any(f.severity in FINDING_SEVERITIES for f in findings or ())
+
+
+def shown_status(result: LineageResult, findings: Sequence[Finding] | None = None) -> str:
+    """The status the page shows: the run's own, except ``ok`` with a warning or an error finding,
+    shown ``ok, with findings`` (a display status: the report's ``status`` field is not changed)."""
+    findings = result.findings if findings is None else findings
+    return OK_WITH_FINDINGS if result.status == "ok" and raises_status(findings) else result.status
+
+
+def finding_metrics(finding: Finding, lineage: Lineage) -> list[str]:
+    """The series a finding looked at, as its data names them (``metric``, ``lr_metric``, and the
+    ``metric`` of each spike, counter, repeat or shifted series), those the run logs, in order. A
+    finding naming none (lost steps, a suspected restart's KL) is drawn on the KL."""
+    names: list[str] = []
+
+    def visit(value: Any, key: str = "") -> None:
+        if isinstance(value, str) and key in ("metric", "lr_metric", "name"):
+            names.append(value)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                visit(v, str(k))
+        elif isinstance(value, list):
+            for v in value:
+                if isinstance(v, dict):
+                    visit(v)
+
+    visit(finding.data)
+    logged = set(lineage.metric_names())
+    return [n for n in dict.fromkeys(names) if n in logged]
+
+
+def lineage_points(lin: Lineage) -> int:
+    """Every point of every series in the run's pieces: what opening it could cost at most."""
+    return sum(len(s) for p in lin.pieces for s in p.values())
+
+
+def auto_open(fleet: Fleet, *, findings: dict[str, list[Finding]], budget: int = POINT_BUDGET) -> str | None:
+    """The run a page opens by itself: the first flagged one, else the first with findings, else the
+    first, among those within the point budget; None when none is (a person opens one by choice)."""
+    runs = list(zip(fleet.keys, fleet.scan.results))
+    small = [(k, r) for k, r in runs if lineage_points(r.lineage) <= budget]
+    for wanted in (lambda k, r: r.status == FLAGGED, lambda k, r: raises_status(findings.get(k)), lambda k, r: True):
+        hit = next((k for k, r in small if wanted(k, r)), None)
+        if hit is not None:
+            return hit
+    return None
 
 
 def clear_caches() -> None:
     """Forget every read (the Reload button): the next run reads every source again."""
-    for fn in (read_cached, scan_cached, run_cached, metric_names_cached):
+    for fn in (read_cached, scan_cached, run_cached, metric_names_cached, findings_job, figure_cached):
         fn.clear()
+    _jobs_started.clear()
 
 
 def _last_step(lin: Lineage) -> int | None:
@@ -214,16 +364,22 @@ def _last_step(lin: Lineage) -> int | None:
     return max(lasts) if lasts else None
 
 
-def fleet_table(fleet: Fleet) -> pd.DataFrame:
-    """One row per training run: what the fleet table shows (and sorts, and filters)."""
+def fleet_table(fleet: Fleet, findings: dict[str, list[Finding]] | None = None) -> pd.DataFrame:
+    """One row per training run: what the fleet table shows (and sorts, and filters). ``findings`` (by
+    run key, as far as they are computed) give the shown status and the finding badges; a run whose
+    findings are not in yet shows its own status and ``None`` badges."""
+    findings = findings or {}
+    labels = run_labels(fleet)
     rows = []
     for key, spec, r in zip(fleet.keys, fleet.source_of, fleet.scan.results):
         lin = r.lineage
         worst = r.worst()
+        found = findings.get(key)
         rows.append({
             "key": key,
-            "run": lin.name,
-            "status": r.status,
+            "run": labels[key],
+            "status": shown_status(r, found or []),
+            "findings": None if found is None else list(dict.fromkeys(f.detector for f in found)),
             "trackers": ", ".join(dict.fromkeys(s.kind for s in lin.segments)),
             "segments": len(lin.segments),
             "resumes": len(lin.boundaries),
@@ -236,7 +392,7 @@ def fleet_table(fleet: Fleet) -> pd.DataFrame:
             "source": redact_spec(spec),  # hidden, but the whole frame goes to the browser
             "error": scrub(r.error or "", _with_credentials(fleet.specs)),
         })
-    columns = ["key", "run", "status", "trackers", "segments", "resumes", "worst score", "KL before", "KL after",
+    columns = ["key", "run", "status", "findings", "trackers", "segments", "resumes", "worst score", "KL before", "KL after",
                "at step", "last step", "metric", "source", "error"]
     df = pd.DataFrame(rows, columns=columns)
     for col in ("worst score", "KL before", "KL after"):
@@ -244,6 +400,60 @@ def fleet_table(fleet: Fleet) -> pd.DataFrame:
     for col in ("at step", "last step"):
         df[col] = df[col].astype("Int64")
     return df
+
+
+def run_labels(fleet: Fleet) -> dict[str, str]:
+    """Each run as the page names it: its name, and where two runs share one, the trackers and the
+    SOURCE (redacted) too, so a W&B and an MLflow run of one name can be told apart."""
+    names = Counter(r.lineage.name for r in fleet.scan.results)
+    sources: dict[str, set[str]] = {}
+    for spec, r in zip(fleet.source_of, fleet.scan.results):
+        sources.setdefault(r.lineage.name, set()).add(spec)
+    out: dict[str, str] = {}
+    for key, spec, r in zip(fleet.keys, fleet.source_of, fleet.scan.results):
+        name = r.lineage.name
+        if names[name] > 1:
+            trackers = ", ".join(dict.fromkeys(s.kind for s in r.lineage.segments)) or "no tracker"
+            name = f"{name} · {trackers}"
+            if len(sources[r.lineage.name]) > 1:
+                where = redact_spec(spec)
+                name += f" · {Path(where).name if not is_remote(where) and Path(where).name else where}"
+        out[key] = name
+    seen: Counter[str] = Counter(out.values())
+    for key, r in zip(fleet.keys, fleet.scan.results):
+        if seen[out[key]] > 1:  # same name, trackers and source: the lineage id tells them apart
+            out[key] = f"{out[key]} · {r.lineage.id}"
+    return out
+
+
+def tracker_link(lin: Lineage) -> tuple[str, str] | None:
+    """(label, URL) of the run's own page in its tracker when a segment knows it: the W&B run URL
+    (the client's, or wandb.ai/ENTITY/PROJECT/runs/ID from an offline run's meta), or the MLflow UI
+    of a server source. Only http(s) URLs, without userinfo; None when no segment knows one."""
+    from urllib.parse import quote, urlsplit
+
+    from klwatch.redact import without_userinfo
+
+    for seg in reversed(lin.segments):  # the latest launch: the page a person looks at now
+        url = None
+        meta = seg.meta or {}
+        if seg.kind == "wandb-api" and isinstance(meta.get("url"), str):
+            url, label = meta["url"], "W&B run"
+        elif seg.kind == "wandb-offline" and meta.get("entity") and meta.get("project") and seg.run_id:
+            url = "https://wandb.ai/" + "/".join(quote(str(x), safe="") for x in (meta["entity"], meta["project"]))
+            url += f"/runs/{quote(str(seg.run_id), safe='')}"
+            label = "W&B run"
+        elif seg.kind == "mlflow" and seg.store and seg.store.startswith(("http://", "https://")) \
+                and meta.get("experiment_id") and seg.run_id:
+            base = seg.store.split("#", 1)[0].rstrip("/")
+            url = f"{base}/#/experiments/{quote(str(meta['experiment_id']), safe='')}/runs/{quote(str(seg.run_id), safe='')}"
+            label = "MLflow run"
+        if url is None:
+            continue
+        parts = urlsplit(url)
+        if parts.scheme in ("http", "https") and parts.netloc and not any(c in url for c in " <>\"\'`\n\r\t"):
+            return label, without_userinfo(url)
+    return None
 
 
 def _with_credentials(specs: Sequence[str]) -> list[str]:

@@ -12,9 +12,18 @@ from pathlib import Path
 import numpy as np
 
 
+def _lr(step: int, steps: int) -> float:
+    """Warm-up over 10 steps, then cosine decay to a tenth: the schedule trainers log."""
+    if step <= 10:
+        return 1e-5 * step / 10
+    return 1e-6 + 9e-6 * 0.5 * (1 + np.cos(np.pi * (step - 10) / (steps - 10)))
+
+
 def write_run(root: Path, *, name: str, resumes: list[int], buggy: bool, steps: int = 120, seed: int = 0,
-              extra: bool = True) -> Path:
-    """One training run: KL (``train/kl_penalty``) plus loss, reward and learning rate, one event file per launch."""
+              extra: bool = True, lr_restart: bool = False) -> Path:
+    """One training run: KL (``train/kl_penalty``) plus loss, reward and learning rate, one event file per launch.
+    With ``lr_restart`` the learning-rate schedule starts over at each resume (the scheduler's state was
+    not restored) while the KL carries on: an ``ok`` run with a finding."""
     from tensorboardX import SummaryWriter
 
     rng = np.random.default_rng(seed)
@@ -31,7 +40,8 @@ def write_run(root: Path, *, name: str, resumes: list[int], buggy: bool, steps: 
             if extra:
                 writer.add_scalar("train/loss", 1.0 / (1.0 + step / 50.0) + rng.normal(0.0, 0.01), step, walltime=wall)
                 writer.add_scalar("train/reward", 0.2 + step / 200.0 + rng.normal(0.0, 0.02), step, walltime=wall)
-                writer.add_scalar("train/lr", 1e-6, step, walltime=wall)
+                lr = _lr(step - (starts[k] - 1 if lr_restart and k else 0), steps) if lr_restart else 1e-6
+                writer.add_scalar("train/lr", lr, step, walltime=wall)
         writer.close()
     return folder
 
@@ -86,4 +96,13 @@ def write_mlflow_store(root: Path, *, run_name: str, experiment: str = "grpo", p
         anchor = lo - 1 if (buggy and k) else 0
         lines = [f"{start + s * 1000} {0.05 * (1.0 - np.exp(-(s - anchor) / 8.0))} {s}" for s in range(lo, hi + 1)]
         (run / "metrics" / "train" / "kl_penalty").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def write_findings_fleet(root: Path) -> Path:
+    """A flagged run, a healthy resumed one, and one whose LR schedule restarts at its resume (KL fine:
+    status ``ok``, with an ``lr_schedule_restart`` finding at step 61)."""
+    write_run(root, name="grpo-resume-buggy", resumes=[61], buggy=True, seed=1)
+    write_run(root, name="grpo-resume-fixed", resumes=[61], buggy=False, seed=2)
+    write_run(root, name="grpo-lr-restart", resumes=[61], buggy=False, seed=4, lr_restart=True)
     return root

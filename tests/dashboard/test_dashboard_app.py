@@ -69,7 +69,7 @@ def test_the_page_loads_with_the_flagged_run_first_and_opened(monkeypatch: pytes
     assert at.selectbox(key="run").value == run_ids["grpo-resume-buggy"]
     assert _qp(at, "run") == [run_ids["grpo-resume-buggy"]]
     spec = _chart_spec(at)
-    assert sorted(s["x0"] for s in spec["layout"]["shapes"] if s["type"] == "line") == [41, 81]
+    assert sorted(s["x0"] for s in spec["layout"]["shapes"] if s["type"] == "line" and s["yref"] == "paper") == [41, 81]
 
 
 def test_a_link_to_a_run_opens_it_with_its_boundaries(monkeypatch: pytest.MonkeyPatch, fleet_dir: Path,
