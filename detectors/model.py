@@ -61,6 +61,37 @@ class Series:
         wt = None if self.wall_times is None else self.wall_times[index]
         return Series(self.steps[index], self.values[index], wt)
 
+    def extended(self, more: "Series") -> "Series":
+        """This series followed by ``more``, in time proportional to ``more`` (amortised): a file read
+        on poll after poll grows its series without copying all of it each time.
+
+        The result's arrays are views of buffers with room to spare, filled to its length; only the
+        series that ends where its buffers are filled may write into their spare room (any other,
+        e.g. an older one extended a second time, copies), so no series ever sees its points change."""
+        if (self.wall_times is None) != (more.wall_times is None) or not len(more):
+            return Series.concat([self, more]) if len(more) else self
+        n, k = len(self), len(more)
+        g: _Growth | None = self.__dict__.get("_growth")
+        if g is None or g.filled != n or n + k > len(g.steps) or self.steps.base is not g.steps \
+                or self.values.base is not g.values or (g.walls is not None and self.wall_times.base is not g.walls):
+            cap = max(2 * (n + k), 1024)
+            g = _Growth(np.empty(cap, np.int64), np.empty(cap, np.float64),
+                        None if self.wall_times is None else np.empty(cap, np.float64), n)
+            g.steps[:n], g.values[:n] = self.steps, self.values
+            if g.walls is not None:
+                g.walls[:n] = self.wall_times
+        g.steps[n:n + k], g.values[n:n + k] = more.steps, more.values
+        if g.walls is not None:
+            g.walls[n:n + k] = more.wall_times
+        g.filled = n + k
+        out = Series(g.steps[:n + k], g.values[:n + k], None if g.walls is None else g.walls[:n + k])
+        out.__dict__["_growth"] = g
+        return out
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without its spare room (a scan result is cached as a pickle)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_growth"}
+
     @staticmethod
     def concat(parts: list["Series"]) -> "Series":
         if not parts:
@@ -71,6 +102,16 @@ class Series:
         return Series(
             np.concatenate([p.steps for p in parts]), np.concatenate([p.values for p in parts]), wt
         )
+
+
+@dataclass
+class _Growth:
+    """The buffers behind series grown by ``Series.extended``, and how far they are filled."""
+
+    steps: np.ndarray
+    values: np.ndarray
+    walls: np.ndarray | None
+    filled: int
 
 
 @dataclass(eq=False)  # identity: two processes may log identical data and still be two segments

@@ -2,7 +2,10 @@
 
 ``LocalReadCache`` reads a local SOURCE with ``klwatch.sources.local.read_local`` itself (so a poll
 sees a tree exactly as ``klwatch scan`` does), but re-reads only the files (or run folders, stores)
-whose size or mtime changed since the last poll and reuses the Segments of the rest. Remote sources
+whose size or mtime changed since the last poll and reuses the Segments of the rest. A TensorBoard
+event file or a ``.wandb`` log that only grew (the bytes read before unchanged) is read on from the
+last whole record the previous poll took (``klwatch.sources.resume``): a poll costs in proportion
+to what was written since, not to the run's length. Remote sources
 (``wandb://``, ``mlflow://``) are read in full at every poll: their readers fetch whole histories
 and expose no "since step N" query. Every poll of a SOURCE reads within the scan's ``ReadLimits``
 (``--max-read-bytes``, ``--max-read-seconds``), as ``read_source`` does: a hostile source costs a
@@ -18,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from .model import Segment, SourceError, SourceRead
+from .scan_cache import can_read_on, log_anchor, read_unit_since, unit_fingerprint
 from .sources import read_source
 from .sources.limits import Budget, LimitExceeded, ReadLimits, reading, walk
-from .sources.local import CHECKPOINT_DIR, Unit, UnitRead, read_local, read_unit
+from .sources.local import CHECKPOINT_DIR, Unit, UnitRead, read_local
+from .sources.resume import Resume
 
 
 @dataclass
@@ -29,6 +34,8 @@ class ReadStats:
 
     read: int = 0
     reused: int = 0
+    read_on: int = 0
+    """Units (among ``read``) that were read on from where the last poll stopped, not from their start."""
     full: bool = False
     """True when the source was read in full (a remote one: its reader has no incremental form)."""
 
@@ -86,8 +93,9 @@ class LocalReadCache:
 
     def __init__(self, limits: ReadLimits = ReadLimits()) -> None:
         self.limits = limits
-        self._units: dict[tuple[str, str, str], tuple[tuple[Any, ...], UnitRead]] = {}
+        self._units: dict[tuple[str, str, str], _Kept] = {}
         self.stats: dict[str, ReadStats] = {}
+        self._stats = ReadStats()  # the SOURCE being read now
 
     def read(self, spec: str) -> SourceRead:
         """Read one SOURCE (``#PATTERN`` already removed)."""
@@ -112,17 +120,45 @@ class LocalReadCache:
             key = (spec, unit.kind, str(unit.path))
             live.add(key)
             fp = _fingerprint(unit)
-            cached = self._units.get(key)
-            if cached is not None and cached[0] == fp:
-                got = cached[1]
+            kept = self._units.get(key)
+            if kept is not None and kept.stat == fp:
+                got = kept.read
                 stats.reused += 1
             else:
-                got = read_unit(unit, root=root, spec=spec)
-                self._units[key] = (fp, got)
+                got = self._read_changed(unit, root=root, spec=spec, key=key, stat=fp, kept=kept)
                 stats.read += 1
             return UnitRead([_copy_segment(s) for s in got.segments], list(got.warnings), skipped=got.skipped)
 
+        self._stats = stats
         out = read_local(spec, read_unit=cached_read_unit)
         for key in [k for k in self._units if k[0] == spec and k not in live]:
             del self._units[key]  # a file that went away is forgotten, not reported from the cache
         return out
+
+    def _read_changed(self, unit: Unit, *, root: Path, spec: str, key: tuple[str, str, str], stat: tuple[Any, ...],
+                      kept: _Kept | None) -> UnitRead:
+        """A unit whose files changed: read on from the last poll's end when only its log grew, else
+        read whole; kept with what the next poll needs to go on."""
+        try:
+            fingerprint = unit_fingerprint(unit)
+        except OSError:
+            fingerprint = None
+        since = None
+        if kept is not None and kept.resume is not None and fingerprint is not None and kept.fingerprint is not None \
+                and can_read_on(kept.fingerprint, fingerprint, log=Path(kept.resume.file), anchor=kept.anchor):
+            since = kept.resume
+            self._stats.read_on += 1
+        got, resume = read_unit_since(unit, root=root, spec=spec, since=since)
+        self._units[key] = _Kept(stat, got, fingerprint, resume, log_anchor(resume) if resume is not None else None)
+        return got
+
+
+@dataclass
+class _Kept:
+    """One unit as the last poll read it: its files' stat, what it read, and where its log can be read on from."""
+
+    stat: tuple[Any, ...]
+    read: UnitRead
+    fingerprint: dict[str, Any] | None
+    resume: Resume | None
+    anchor: dict[str, Any] | None

@@ -48,3 +48,27 @@ def test_what_a_scan_could_not_read_lists_sources_then_named_runs():
     result = ScanResult(sources=[SourceRead(spec="x", errors=[SourceError("x", "x/b.db: not a store")])], results=[bad])
     assert result.unreadable == ["x/b.db: not a store", "grpo: a.csv: truncated"]
     assert result.any_error and not result.any_reset
+
+
+def test_extended_series_grow_in_place_without_changing_any_earlier_series() -> None:
+    a = Series(np.arange(3), np.arange(3) * 1.0, np.arange(3) * 10.0)
+    b = a.extended(Series(np.array([3, 4]), np.array([3.0, 4.0]), np.array([30.0, 40.0])))
+    c = b.extended(Series(np.array([5]), np.array([5.0]), np.array([50.0])))
+    assert c.steps.base is b.steps.base  # the second growth wrote into the spare room
+    again = b.extended(Series(np.array([9]), np.array([9.0]), np.array([90.0])))  # b is no longer the tip
+    assert again.steps.base is not c.steps.base
+    np.testing.assert_array_equal(c.steps, [0, 1, 2, 3, 4, 5])
+    np.testing.assert_array_equal(again.steps, [0, 1, 2, 3, 4, 9])
+    np.testing.assert_array_equal(b.values, [0, 1, 2, 3, 4])
+    np.testing.assert_array_equal(c.wall_times, [0, 10, 20, 30, 40, 50])
+    np.testing.assert_array_equal(a.steps, [0, 1, 2])
+
+
+def test_extended_series_pickle_without_their_spare_room() -> None:
+    import pickle
+
+    s = Series(np.arange(2), np.ones(2)).extended(Series(np.array([2]), np.array([1.0])))
+    back = pickle.loads(pickle.dumps(s))
+    assert "_growth" not in back.__dict__
+    np.testing.assert_array_equal(back.steps, [0, 1, 2])
+    assert len(pickle.dumps(s)) < 2000

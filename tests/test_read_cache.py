@@ -62,18 +62,18 @@ def test_a_missing_source_is_reported_as_read_local_reports_it(tmp_path):
 def test_a_poll_reads_within_the_scan_read_limits(tmp_path, monkeypatch):
     """``--max-read-bytes`` / ``--max-read-seconds`` bound a watch poll as they bound a scan: every unit
     is read under the SOURCE's budget, and a bound passed fails that SOURCE with the flag named."""
-    import klwatch.read_cache as read_cache
+    import klwatch.scan_cache as read_path  # the watcher reads each changed unit through it
     from klwatch.sources.limits import ReadLimits, current_budget
 
     write_run(tmp_path / "a", resumes=[30], buggy=True)
     limits, seen = ReadLimits(max_bytes=12345, max_seconds=67.0), []
-    real = read_cache.read_unit
+    real = read_path.read_unit
 
     def spy(unit, *, root, spec):
         seen.append((current_budget().limits, current_budget().what))
         return real(unit, root=root, spec=spec)
 
-    monkeypatch.setattr(read_cache, "read_unit", spy)
+    monkeypatch.setattr(read_path, "read_unit", spy)
     got = LocalReadCache(limits=limits).read(str(tmp_path))
     assert got.errors == [] and seen and set(seen) == {(limits, str(tmp_path))}
 
@@ -81,7 +81,7 @@ def test_a_poll_reads_within_the_scan_read_limits(tmp_path, monkeypatch):
         current_budget().charge(10**6, str(unit.path))
         return real(unit, root=root, spec=spec)
 
-    monkeypatch.setattr(read_cache, "read_unit", over)
+    monkeypatch.setattr(read_path, "read_unit", over)
     bounded = LocalReadCache(limits=limits).read(str(tmp_path))
     assert [e.message for e in bounded.errors if "--max-read-bytes" in e.message], bounded.errors
 

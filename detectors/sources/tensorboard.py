@@ -229,7 +229,7 @@ def _read_chunk(data: bytes, *, path: Path, ref: str, source: str, since: Resume
     tb_meta.update(state.meta)
     merged = dict(old_series)
     for tag, ser in series.items():
-        merged[tag] = Series.concat([merged[tag], ser]) if tag in merged else ser
+        merged[tag] = merged[tag].extended(ser) if tag in merged else ser
     all_dropped = {t: old_dropped.get(t, 0) + dropped.get(t, 0) for t in merged
                    if old_dropped.get(t, 0) + dropped.get(t, 0)}
     decode_warnings += state.warnings
