@@ -105,3 +105,61 @@ def test_a_deep_tree_is_fingerprinted_without_recursion(tmp_path):
         while p != deep:
             p.rmdir()
             p = p.parent
+
+
+GROWING_WRITER = """
+import sys
+from tensorboardX import SummaryWriter
+w = SummaryWriter(sys.argv[1], flush_secs=3600)
+for step in range(int(sys.argv[2])):
+    w.add_scalar("train/kl_penalty", 0.01 + 1e-4 * step, step)
+    w.add_scalar("loss", 1.0 / (step + 1), step)
+    if step % 50 == 0:
+        w.flush()
+w.close()
+"""
+
+
+def test_a_poll_of_a_growing_event_file_reads_only_what_was_written_since(tmp_path, monkeypatch):
+    """A writer appends to an event file while the watcher polls it: each poll reads from where the
+    last one's whole records ended, so its cost follows the new bytes, not the file's length."""
+    import subprocess
+    import sys
+    import time
+
+    import numpy as np
+
+    import klwatch.sources.tensorboard as tb
+
+    reads: list[tuple[int, int]] = []
+    real = tb.read_regular
+    monkeypatch.setattr(tb, "read_regular", lambda p, **k: (lambda got: reads.append((k.get("start", 0), len(got)))
+                                                             or got)(real(p, **k)))
+    folder = tmp_path / "live"
+    folder.mkdir()
+    writer = subprocess.Popen([sys.executable, "-c", GROWING_WRITER, str(folder), "6000"])
+    cache, polls, deadline = LocalReadCache(), 0, time.monotonic() + 180
+    try:
+        while writer.poll() is None:
+            assert time.monotonic() < deadline, "the writer did not finish"
+            cache.read(str(folder))
+            polls += 1
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+    assert writer.wait() == 0
+    cache.read(str(folder))
+    (path,) = folder.glob("events.out.tfevents.*")
+    size = path.stat().st_size
+    later = [r for r in reads if r[0] > 0]
+    assert cache.stats[str(folder)].read_on <= len(later)
+    assert len(later) >= 2, f"the file was never read on ({polls} polls, reads {reads[:5]})"
+    starts = [s for s, _ in reads]
+    assert starts[0] == 0 and starts == sorted(starts)  # never back to the start once read on
+    # all polls together read the file about once: each only the bytes after the last whole record
+    assert sum(n for _, n in reads) <= size + len(reads) * 200, (sum(n for _, n in reads), size)  # + a cut record each
+    got = cache.read(str(folder)).segments[0].series
+    want = read_local(str(folder)).segments[0].series
+    np.testing.assert_array_equal(got["loss"].steps, want["loss"].steps)
+    np.testing.assert_array_equal(got["train/kl_penalty"].values, want["train/kl_penalty"].values)
+    assert len(want["loss"]) == 6000
