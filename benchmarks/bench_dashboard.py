@@ -1,6 +1,10 @@
 """Benchmark: the dashboard on a fleet of 200 runs x 2,000 steps (TensorBoard event files).
 
     python benchmarks/bench_dashboard.py [--runs 200] [--steps 2000] [--dir DIR] [--repeat 3] [--no-page]
+    python benchmarks/bench_dashboard.py --budget [--dir DIR]     # issue 15: 100 runs x 4,000 steps
+
+``--budget`` measures what issue 15 asks of a 100 x 4,000 fleet: from the data read to the fleet table
+and the first run's figure, and opening a run, uncached vs cached (printed as seconds and a ratio).
 
 What a user waits for, layer by layer, on the same files:
 
@@ -221,8 +225,80 @@ def naive_row(spec: str) -> Row:
             f"{groups} folders into one DataFrame; no stitching, no verdict")
 
 
+def budget_rows(spec: str, *, repeat: int) -> list[Row]:
+    """Issue 15's budget, on the same files: from the data read to the fleet table and the first run's
+    figure (what a page load costs once the read is done), and opening another run, uncached (its
+    findings judged, its figure built and serialised) against cached (the figure from the cache,
+    serialised as Streamlit does on every rerun)."""
+    import plotly.io
+
+    from klwatch.dashboard import charts, data
+    from klwatch.pipeline import ScanConfig
+
+    config = ScanConfig()
+    data.clear_caches()
+    fp = data.fingerprint(spec)
+    t_read, _ = timed(lambda: data.read_cached(spec, fp))
+
+    def first_view() -> tuple[data.Fleet, str | None]:
+        fleet = data.load_fleet([spec], config=config)
+        found, _ = data.fleet_findings(fleet, config=config)  # starts the background job, never waits
+        table = data.fleet_table(fleet, found)
+        charts.fleet_figure(data.boundary_points(fleet), thresholds=config.reference_reset).to_json()
+        key = data.auto_open(fleet, findings=found)
+        assert len(table) == len(fleet.keys)
+        if key is not None:
+            plotly.io.to_json(_figure(fleet, key), validate=False)  # what Streamlit ships
+        return fleet, key
+
+    def _figure(fleet: data.Fleet, key: str):  # type: ignore[no-untyped-def]
+        result = data.judged_run(fleet, key, config=config)
+        names = [n for n in result.lineage.metric_names() if n != result.metric]
+        view = {"linked": tuple(charts.pick_linked_metrics(names, exclude=[result.metric or ""])), "smoothing": 0.0,
+                "log_y": False, "x_axis": "step", "x_range": None, "theme": "light", "control": None}
+        spec_i = fleet.source_of[fleet.keys.index(key)]
+        return data.figure_cached(key, fleet.fingerprints[spec_i], data.config_key(config), repr(sorted(view.items())),
+                                  _result=result, _view=view)
+
+    t_first, (fleet, first) = timed(first_view)
+    biggest = max(data.lineage_points(r.lineage) for r in fleet.scan.results)
+    rows: list[Row] = [("budget: read the fleet (cold)", t_read, f"{len(fleet.keys)} runs; largest run {biggest:,} points"),
+                       ("budget: data read -> fleet table + first run figure", t_first,
+                        f"opened {first}; point budget {data.POINT_BUDGET:,}, ≤{charts.PANEL_POINTS:,} points per panel")]
+    others = [k for k in fleet.keys if k != first][: max(3, repeat)]
+
+    def open_uncached(k: str) -> int:
+        data.run_cached.clear()
+        data.figure_cached.clear()
+        data._jobs_started.clear()  # noqa: SLF001 - the uncached path: no background result to take
+        return len(plotly.io.to_json(_figure(fleet, k), validate=False))
+
+    t_unc = min(timed(lambda k=k: open_uncached(k))[0] for k in others)
+    for k in others:
+        _figure(fleet, k)
+    t_cached, size = timed(lambda: len(plotly.io.to_json(_figure(fleet, others[0]), validate=False)), repeat=repeat)
+    fig = _figure(fleet, others[0])
+    drawn = max(sum(len(t.x) for t in fig.data if t.yaxis == y) for y in {t.yaxis for t in fig.data if t.yaxis})
+    rows.append(("budget: open a run, uncached (findings + figure + JSON)", t_unc, f"best of {len(others)} runs"))
+    rows.append(("budget: open a run, cached figure (+ JSON)", t_cached,
+                 f"{t_unc / max(t_cached, 1e-9):.1f}x faster than uncached; {size / 2**10:.0f} KiB, "  # type: ignore[operator]
+                 f"≤{drawn:,} points in its largest panel"))
+    return rows
+
+
 def run_benchmark(root: Path, args: argparse.Namespace) -> None:
     spec = str(root)
+    if args.budget:
+        rows = budget_rows(spec, repeat=args.repeat)
+        if not args.no_page:
+            cold, warm, _ = page_times(root)
+            rows += [("budget: whole page (AppTest), cold", cold, "fresh process: read, judge, table, first run"),
+                     ("budget: whole page (AppTest), rerun", warm, "what a click costs server-side")]
+        width = max(len(r[0]) for r in rows)
+        for name, secs, note in rows:
+            print(f"{name.ljust(width)}  {secs:8.3f}  {note}")
+        print(f"\nmachine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
+        return
     rows, fleet, t_cold, t_warm = load_rows(spec, repeat=args.repeat)
     rows += view_rows(fleet, repeat=args.repeat)
     rows.append(big_run_row(repeat=args.repeat))
@@ -248,7 +324,14 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, help="write (or reuse) the fleet here instead of a temporary folder")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-page", action="store_true", help="skip the AppTest page timing")
+    parser.add_argument("--budget", action="store_true",
+                        help="issue 15's budget: a 100 x 4,000 fleet (unless --runs/--steps say otherwise), data read -> "
+                             "fleet table + first run, and opening a run cached vs uncached")
     args = parser.parse_args()
+    if args.budget and "--runs" not in sys.argv:
+        args.runs = 100
+    if args.budget and "--steps" not in sys.argv:
+        args.steps = 4_000
     warnings.filterwarnings("ignore")
     import logging
 

@@ -100,9 +100,11 @@ def write_mlflow_store(root: Path, *, run_name: str, experiment: str = "grpo", p
 
 
 def write_findings_fleet(root: Path) -> Path:
-    """A flagged run, a healthy resumed one, and one whose LR schedule restarts at its resume (KL fine:
-    status ``ok``, with an ``lr_schedule_restart`` finding at step 61)."""
+    """A flagged run, a healthy resumed one, one whose LR schedule restarts at its resume (KL fine:
+    status ``ok``, with an ``lr_schedule_restart`` finding at step 61), and the flagged run's control
+    (same seed, never restarted: the two agree up to the resume and part there)."""
     write_run(root, name="grpo-resume-buggy", resumes=[61], buggy=True, seed=1)
+    write_run(root, name="grpo-control", resumes=[], buggy=False, seed=1)
     write_run(root, name="grpo-resume-fixed", resumes=[61], buggy=False, seed=2)
     write_run(root, name="grpo-lr-restart", resumes=[61], buggy=False, seed=4, lr_restart=True)
     return root

@@ -143,7 +143,9 @@ def test_a_bad_source_shows_its_error_and_the_rest_stays_usable(monkeypatch: pyt
     assert _qp(at, "src") == [typo]
     assert any(typo in _plain(e.value) for e in at.error)
     assert len(_table(at)) == 3
-    [b for b in at.button if b.key == f"rm::{typo}"][0].click().run()
+    (remove,) = [b for b in at.button if b.key == f"rm::{typo}"]
+    assert remove.label == "Remove" and remove.proto.icon == ":material/close:"  # a visible label, not a blank glyph
+    remove.click().run()
     assert "src" not in at.query_params
     assert not any(typo in _plain(e.value) for e in at.error)
 
