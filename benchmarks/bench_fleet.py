@@ -1,0 +1,231 @@
+"""Benchmark (issue 14): ``klwatch scan`` on a fleet, against tbparse and a bare protobuf loop; the scan
+cache cold, warm and after 1% of the files grew; and a watch poll on a long growing run.
+
+    python benchmarks/bench_fleet.py [--runs 100] [--steps 4000] [--no-tbparse] [--only scan|cache|watch]
+
+The fleet is written by this script (TFRecord framing and ``Event`` protobufs, as TensorBoard's
+writers frame them): ``runs`` runs of ``steps`` steps and five tags (KL penalty, loss, reward,
+entropy, learning rate), each run in one to three event files (a launch and its resumes), in two
+layouts: one event per step holding all five tags (writers that batch a step's summaries), and
+one tag per event. Every figure is measured in this run, on these files:
+
+- scan: ``klwatch scan --no-cache`` as a process (wall time, interpreter start included), tbparse's
+  ``SummaryReader`` merely reading the same files into a frame, and a bare single-core loop that
+  follows the lengths and parses every record with protobuf (no CRC check, no verdict);
+- cache: ``klwatch scan`` with an empty cache folder (cold: reads and fills it), again with the
+  fleet unchanged (warm), and after 1% of the event files grew by 5% (each read on from where the
+  cache stopped);
+- watch: one watcher poll (``klwatch.read_cache.LocalReadCache``, what ``klwatch watch`` polls
+  through) after 1,000 new steps were appended to a run of 10,000 steps and to a run of 1,000,000
+  steps: the read, and the whole poll (read, stitch, judge).
+
+Ratios are printed with their targets (scan >= 5x tbparse and <= 3x the bare loop; warm >= 20x
+cold; a poll on the long run costs about what it costs on the short one). Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tensorboard.compat.proto import event_pb2, summary_pb2  # noqa: E402
+
+TAGS = ["train/kl_penalty", "train/loss", "train/reward", "train/entropy", "train/lr"]
+KLWATCH = [sys.executable, "-m", "klwatch.cli"]
+
+
+def _masked_crc(data: bytes) -> int:
+    import google_crc32c
+
+    crc = google_crc32c.value(data)
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _record(data: bytes) -> bytes:
+    header = struct.pack("<Q", len(data))
+    return header + struct.pack("<I", _masked_crc(header)) + data + struct.pack("<I", _masked_crc(data))
+
+
+def _step_events(step: int, wall: float, values: list[float], *, batched: bool) -> list[bytes]:
+    vals = [summary_pb2.Summary.Value(tag=t, simple_value=v) for t, v in zip(TAGS, values)]
+    groups = [vals] if batched else [[v] for v in vals]
+    return [_record(event_pb2.Event(step=step, wall_time=wall, summary=summary_pb2.Summary(value=g))
+                    .SerializeToString()) for g in groups]
+
+
+def _values(step: int, ref_at: int, rng: np.random.Generator) -> list[float]:
+    kl = 0.02 * (1 - np.exp(-(step - ref_at) / 200)) + 0.001 * rng.random()
+    return [float(kl), float(1.0 / (1 + step / 500)), float(0.5 + 0.1 * rng.random()), float(2.0 - step / 1e5),
+            3e-6]
+
+
+def append_steps(path: Path, steps: range, *, batched: bool, seed: int = 0, ref_at: int = 0) -> None:
+    """Append the events of ``steps`` to an event file (creating it with its file_version record)."""
+    rng = np.random.default_rng(seed)
+    out = bytearray()
+    if not path.exists():
+        out += _record(event_pb2.Event(wall_time=1.7e9, file_version="brain.Event:2").SerializeToString())
+    for step in steps:
+        for rec in _step_events(step, 1.7e9 + step, _values(step, ref_at, rng), batched=batched):
+            out += rec
+    with open(path, "ab") as f:
+        f.write(out)
+
+
+def write_fleet(root: Path, *, runs: int, steps: int, batched: bool) -> list[Path]:
+    """``runs`` run folders, each one to three event files (a launch, then resumes at a third and two
+    thirds of the steps, taking up where the checkpoint was: a healthy resume, the KL goes on)."""
+    paths = []
+    for r in range(runs):
+        folder = root / f"run{r:04d}"
+        folder.mkdir(parents=True)
+        cuts = [0, steps] if r % 3 == 0 else [0, steps // 2, steps] if r % 3 == 1 else \
+            [0, steps // 3, 2 * steps // 3, steps]
+        for k, (a, b) in enumerate(zip(cuts, cuts[1:])):
+            path = folder / f"events.out.tfevents.{1700000000 + 10 * k}.host.{1000 + k}.0"
+            append_steps(path, range(a + 1, b + 1), batched=batched, seed=r * 10 + k)
+            paths.append(path)
+    return paths
+
+
+def bare_loop(paths: list[Path]) -> int:
+    """The floor: follow the lengths and parse every record with protobuf, touching each scalar."""
+    parse, count = event_pb2.Event.FromString, 0
+    for path in paths:
+        data = path.read_bytes()
+        pos = 0
+        while pos + 12 <= len(data):
+            (length,) = struct.unpack_from("<Q", data, pos)
+            for v in parse(data[pos + 12:pos + 12 + length]).summary.value:
+                if v.WhichOneof("value") == "simple_value":
+                    count += 1
+            pos += length + 16
+    return count
+
+
+def tbparse_read(root: Path) -> int:
+    from tbparse import SummaryReader
+
+    return len(SummaryReader(str(root), extra_columns={"dir_name"}).scalars)
+
+
+def timed(fn, *args) -> tuple[float, object]:
+    t0 = time.perf_counter()
+    got = fn(*args)
+    return time.perf_counter() - t0, got
+
+
+def klwatch_scan(root: Path, *extra: str, env: dict[str, str] | None = None) -> float:
+    """``klwatch scan`` as a user runs it, as a process: its wall time (the report goes to a file)."""
+    with tempfile.TemporaryDirectory() as out:
+        t0 = time.perf_counter()
+        done = subprocess.run([*KLWATCH, "scan", str(root), "--format", "json", "-o", f"{out}/r.json", *extra],
+                              capture_output=True, text=True, env=env)
+        took = time.perf_counter() - t0
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"klwatch scan failed ({done.returncode}): {done.stderr[-2000:]}")
+    return took
+
+
+def bench_scan(*, runs: int, steps: int, tbparse: bool) -> None:
+    for batched in (True, False):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp) / "fleet"
+            paths = write_fleet(root, runs=runs, steps=steps, batched=batched)
+            size = sum(p.stat().st_size for p in paths)
+            layout = "five tags per event" if batched else "one tag per event"
+            print(f"\nscan, {layout}: {runs} runs x {steps:,} steps x 5 tags ({runs * steps * 5:,} scalars, "
+                  f"{len(paths)} event files, {size / 2**20:.1f} MiB)", flush=True)
+            ours = min(klwatch_scan(root, "--no-cache") for _ in range(2))
+            bare, points = timed(bare_loop, paths)
+            print(f"  klwatch scan --no-cache (process)   {ours:8.2f} s")
+            print(f"  bare protobuf loop ({points:,} pts) {bare:8.2f} s")
+            print(f"  klwatch / bare loop: {ours / bare:.2f}x (target <= 3x)")
+            if tbparse:
+                tbp, n = timed(tbparse_read, root)
+                print(f"  tbparse SummaryReader ({n:,} rows)  {tbp:8.2f} s")
+                print(f"  klwatch vs tbparse: {tbp / ours:.1f}x faster (target >= 5x)")
+
+
+def bench_cache(*, runs: int, steps: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "fleet"
+        paths = write_fleet(root, runs=runs, steps=steps, batched=True)
+        env = {**os.environ, "KLWATCH_CACHE_DIR": f"{tmp}/cache"}
+        print(f"\ncache: {runs} runs x {steps:,} steps, {len(paths)} event files", flush=True)
+        nocache = klwatch_scan(root, "--no-cache", env=env)
+        cold = klwatch_scan(root, env=env)
+        warm = statistics.median(klwatch_scan(root, env=env) for _ in range(3))
+        lasts = [max(folder.glob("events.out.tfevents.*")) for folder in sorted(root.iterdir())]
+        grown = lasts[:: max(1, len(lasts) // max(1, len(paths) // 100))][: max(1, len(paths) // 100)]
+        for p in grown:  # the runs go on: 5% more steps at the end of 1% of the files
+            append_steps(p, range(steps + 1, steps + 1 + steps // 20), batched=True)
+        after = klwatch_scan(root, env=env)
+        print(f"  no cache                     {nocache:8.2f} s")
+        print(f"  cold (empty cache, fills it) {cold:8.2f} s")
+        print(f"  warm (fleet unchanged)       {warm:8.2f} s   cold / warm: {cold / warm:.1f}x (target >= 20x)")
+        print(f"  after {len(grown)} of {len(paths)} files grew  {after:8.2f} s   cold / that: {cold / after:.1f}x")
+
+
+def bench_watch() -> None:
+    from klwatch.pipeline import ScanConfig, scan
+    from klwatch.read_cache import LocalReadCache
+
+    print("\nwatch: one poll after 1,000 new steps (5 tags each) were appended", flush=True)
+    rows = {}
+    for length in (10_000, 1_000_000):
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp) / "run"
+            folder.mkdir()
+            path = folder / "events.out.tfevents.1700000000.host.1.0"
+            append_steps(path, range(1, length + 1), batched=True)
+            cache = LocalReadCache()
+            cache.read(str(folder))
+            reads, polls = [], []
+            at = length
+            for _ in range(5):
+                append_steps(path, range(at + 1, at + 1001), batched=True)
+                at += 1000
+                t, _ = timed(cache.read, str(folder))
+                reads.append(t)
+                append_steps(path, range(at + 1, at + 1001), batched=True)
+                at += 1000
+                t, _ = timed(lambda: scan([str(folder)], config=ScanConfig(), read=cache.read))
+                polls.append(t)
+            assert cache.stats[str(folder)].read_on == 1, cache.stats
+            rows[length] = (statistics.median(reads), statistics.median(polls), path.stat().st_size)
+            print(f"  run of {length:>9,} steps ({rows[length][2] / 2**20:6.1f} MiB): read {rows[length][0] * 1e3:7.1f} ms"
+                  f"   whole poll (read, stitch, judge) {rows[length][1] * 1e3:8.1f} ms", flush=True)
+    short, long = rows[10_000], rows[1_000_000]
+    print(f"  read per poll, 1M-step run / 10k-step run: {long[0] / short[0]:.2f}x (flat: about 1x)")
+    print(f"  whole poll, 1M-step run / 10k-step run: {long[1] / short[1]:.1f}x (judging reads the whole run)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument("--no-tbparse", action="store_true", help="skip tbparse (about a minute per layout)")
+    parser.add_argument("--only", choices=["scan", "cache", "watch"])
+    args = parser.parse_args()
+    if args.only in (None, "scan"):
+        bench_scan(runs=args.runs, steps=args.steps, tbparse=not args.no_tbparse)
+    if args.only in (None, "cache"):
+        bench_cache(runs=args.runs, steps=args.steps)
+    if args.only in (None, "watch"):
+        bench_watch()
+
+
+if __name__ == "__main__":
+    main()
