@@ -255,7 +255,8 @@ def budget_rows(spec: str, *, repeat: int) -> list[Row]:
         result = data.judged_run(fleet, key, config=config)
         names = [n for n in result.lineage.metric_names() if n != result.metric]
         view = {"linked": tuple(charts.pick_linked_metrics(names, exclude=[result.metric or ""])), "smoothing": 0.0,
-                "log_y": False, "x_axis": "step", "x_range": None, "theme": "light", "control": None}
+                "log_y": False, "x_axis": "step", "x_range": None, "theme": "light", "control": None,
+                "compare_from": None}
         spec_i = fleet.source_of[fleet.keys.index(key)]
         return data.figure_cached(key, fleet.fingerprints[spec_i], data.config_key(config), repr(sorted(view.items())),
                                   _result=result, _view=view)

@@ -32,7 +32,7 @@ except ModuleNotFoundError as exc:  # `streamlit run dashboard/app.py` in a chec
 from klwatch.comparison import Comparison, compare_runs, first_resume
 from klwatch.model import BoundaryVerdict, Finding, Lineage, LineageResult
 from klwatch.pipeline import ScanConfig
-from klwatch.stitching import StitchConfig, configs_agree, load_lineage_file
+from klwatch.stitching import StitchConfig, load_lineage_file
 from klwatch.redact import redact_spec, scrub
 from klwatch.reference_reset import ReferenceResetConfig
 from klwatch.report import boundary_dict, clean_strings
@@ -50,7 +50,6 @@ ALL_STATUSES = ["reference_reset", data.OK_WITH_FINDINGS, "ok", "intentional", "
                 "kl_disabled"]
 SEVERITY_BADGE = {"error": "red", "warning": "orange", "info": "gray"}
 # (comments, not docstrings: Streamlit's magic would write a bare string on the page)
-IMPLAUSIBLE_RESUMES = 12  # more resumes than this in one run is more likely a stitching mistake
 ZOOM_STEPS = 200  # steps either side of a resume that zoom-to-boundary shows by default
 
 # The detector thresholds on the sidebar: (field, label, min, max, step, shown without expanding).
@@ -497,7 +496,7 @@ def show_run(key: str, result: LineageResult, *, fleet: data.Fleet, config: Scan
                     help="Findings of the other resume-integrity detectors (marked on the chart at their step).")
     if result.error:
         st.error(say(result.error), icon=":material/warning:")
-    for why in implausible(lin):
+    for why in data.implausible(lin):
         st.warning(f"This stitching looks implausible: {why}. Check the Members below; the sidebar's Stitching "
                    "overrides (group-by key, lineage file) can split it.", icon=":material/call_split:")
     names = [n for n in lin.metric_names() if not n.startswith("_") and n != result.metric]
@@ -514,7 +513,8 @@ def show_run(key: str, result: LineageResult, *, fleet: data.Fleet, config: Scan
     if result.metric or linked:
         view = {"linked": tuple(linked), "smoothing": float(st.session_state.get("smoothing") or 0.0),
                 "log_y": bool(st.session_state.get("log_y")), "x_axis": st.session_state.get("x_axis") or "step",
-                "x_range": x_range, "theme": _theme(), "control": st.session_state.get("control")}
+                "x_range": x_range, "theme": _theme(), "control": st.session_state.get("control"),
+                "compare_from": cmp.resume_step if cmp is not None else None}
         fig = data.figure_cached(key, fleet.fingerprints.get(fleet.source_of[fleet.keys.index(key)], ""),
                                  data.config_key(config), repr(sorted(view.items())), _result=result, _view=view,
                                  _control=control, _comparison=cmp)
@@ -559,19 +559,6 @@ def _theme() -> str:
     except AttributeError:
         return "light"
     return kind if kind in charts.THEMES else "light"
-
-
-def implausible(lin: Lineage) -> list[str]:
-    """What makes a stitched run unlikely to be one training run: dozens of resumes, or tracker
-    pieces whose configs differ (the core's ``configs_agree``, as stitching compares them)."""
-    out = []
-    if len(lin.boundaries) > IMPLAUSIBLE_RESUMES:
-        out.append(f"{len(lin.boundaries)} resumes in one run")
-    configs = [s.config for s in lin.segments if s.config]
-    differing = sum(1 for a, b in zip(configs, configs[1:]) if not configs_agree(a, b))
-    if differing:
-        out.append(f"{differing + 1} of its tracker pieces logged different configs")
-    return out
 
 
 def chart_controls(result: LineageResult) -> tuple[float, float] | None:

@@ -162,11 +162,11 @@ def findings_job(spec: str, fp: str, judge_key: str, _lineages: tuple[Lineage, .
 def figure_cached(key: str, fp: str, judge_key: str, view_key: str, *, _result: LineageResult, _view: dict[str, Any],
                   _control: LineageResult | None = None, _comparison: Comparison | None = None) -> go.Figure:
     """The run view's figure, built once per run, read, thresholds and view options (``view_key``
-    spells ``_view``, which holds the control run's key): a click elsewhere on the page redraws it
-    without rebuilding it."""
+    spells ``_view``, which holds the control run's key and the step compared from): a click
+    elsewhere on the page redraws it without rebuilding it."""
     from klwatch.dashboard import charts
 
-    view = {k: v for k, v in _view.items() if k != "control"}
+    view = {k: v for k, v in _view.items() if k not in ("control", "compare_from")}
     return charts.run_figure(_result, **view, findings=_result.findings, control=_control, comparison=_comparison,
                              status=shown_status(_result))
 
@@ -332,6 +332,25 @@ def finding_metrics(finding: Finding, lineage: Lineage) -> list[str]:
     visit(finding.data)
     logged = set(lineage.metric_names())
     return [n for n in dict.fromkeys(names) if n in logged]
+
+
+IMPLAUSIBLE_RESUMES = 12
+"""More resumes than this in one training run is more likely a stitching mistake than a real run."""
+
+
+def implausible(lin: Lineage) -> list[str]:
+    """What makes a stitched run unlikely to be one training run: dozens of resumes, or tracker
+    pieces whose configs differ (the core's ``configs_agree``, as stitching compares them)."""
+    from klwatch.stitching import configs_agree
+
+    out = []
+    if len(lin.boundaries) > IMPLAUSIBLE_RESUMES:
+        out.append(f"{len(lin.boundaries)} resumes in one run")
+    configs = [s.config for s in lin.segments if s.config]
+    differing = sum(1 for a, b in zip(configs, configs[1:]) if not configs_agree(a, b))
+    if differing:
+        out.append(f"its tracker pieces logged different configs ({differing} join(s) between differing configs)")
+    return out
 
 
 def lineage_points(lin: Lineage) -> int:

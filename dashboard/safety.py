@@ -44,7 +44,7 @@ WILDCARD_ADDRESSES = {"", "0.0.0.0", "::", "[::]", "0"}
 
 _WANDB = re.compile(r"^wandb://([^/#?@:\s]+)/([^/#?@:\s]+)(?:/([^/#?@:\s]+))?/?$")
 _MLFLOW_SCHEMES = ("mlflow", "mlflow+http", "mlflow+https")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>&|~:$#{}!])")
 WORD_JOINER = "\u2060"
 _LINKISH = re.compile(r"(?i)\b(?:https?|ftp|www)(?=\\?[:.])|@|:(?=[A-Za-z])")
@@ -55,7 +55,7 @@ _MD_LINE_START = re.compile(r"^(\s*)([+\-=]|\d+(?=[.)]))")
 
 
 def plain(text: object) -> str:
-    """One line of text: control characters (newlines, ANSI escapes' ESC, bidi overrides) become spaces,
+    """One line of text: control characters (newlines, ANSI escapes' ESC, bidi overrides, invisible joiners) become spaces,
     so a value can neither start a new markdown block nor reorder what a reader sees."""
     return _CONTROL.sub(" ", str(text))
 

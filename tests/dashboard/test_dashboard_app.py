@@ -173,3 +173,34 @@ def test_runs_that_cannot_be_judged_open_and_say_why(monkeypatch: pytest.MonkeyP
         else:
             assert any("No reference-KL metric" in w.value for w in at.warning)
             assert len(at.get("plotly_chart")) == 1  # no boundary: no fleet picture; the run chart of its loss
+
+
+def test_panels_chart_options_and_the_control_run_live_in_the_url(monkeypatch: pytest.MonkeyPatch, fleet_dir: Path,
+                                                                 run_ids: dict[str, str]) -> None:
+    fixed, buggy = run_ids["grpo-resume-fixed"], run_ids["grpo-resume-buggy"]
+    at = _app(monkeypatch, str(fleet_dir), run=buggy, panel=["train/reward"], smooth="0.6", logy="1", x="wall",
+              control=run_ids["grpo-continuous"], zoom="41", zw="10")
+    assert not at.exception
+    assert at.multiselect(key=f"linked::{buggy}").value == ["train/reward"]
+    assert at.slider(key="smoothing").value == pytest.approx(0.6) and at.toggle(key="log_y").value is True
+    assert at.selectbox(key="control").value == run_ids["grpo-continuous"] and at.selectbox(key="zoom").value == "41"
+    spec = _chart_spec(at)
+    assert spec["layout"]["xaxis"]["type"] == "date" and spec["layout"]["yaxis"]["type"] == "log"
+    assert any(t.get("legendgroup") == "control" for t in spec["data"])
+    assert any("Compare: parted." in e.value for e in at.error)
+    for key, value in {"panel": ["train/reward"], "smooth": ["0.6"], "logy": ["1"], "x": ["wall"], "zoom": ["41"]}.items():
+        assert _qp(at, key) == value
+    # Back/Forward: the browser brings an earlier URL; the page follows it
+    at.query_params.clear()
+    at.query_params["run"] = fixed
+    at.run()
+    assert at.selectbox(key="run").value == fixed
+    assert at.toggle(key="log_y").value is False and at.selectbox(key="control").value is None
+
+
+def test_a_stitching_key_from_the_url_reaches_the_pipeline(monkeypatch: pytest.MonkeyPatch, fleet_dir: Path) -> None:
+    at = _app(monkeypatch, str(fleet_dir), group_by="no_such_key")
+    assert not at.exception
+    assert at.text_input(key="group_by").value == "no_such_key"
+    assert _qp(at, "group_by") == ["no_such_key"]
+    assert len(_table(at)) == 3  # TensorBoard runs carry no config: stitching falls back as the CLI does

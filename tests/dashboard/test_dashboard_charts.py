@@ -147,3 +147,80 @@ def test_html_export_is_self_contained(fleet: data.Fleet, tmp_path: Path) -> Non
     html = charts.figure_html(fig, filename="grpo-resume-buggy")
     assert "<script src=\"http" not in html  # plotly.js is inlined: opens offline
     assert "RESET" in html and '"filename": "grpo-resume-buggy"' in html
+
+
+def _many_pieces(pieces: int, length: int) -> LineageResult:
+    """A run of ``pieces`` restarts of ``length`` steps each (a wrongly stitched fleet looks like this)."""
+    parts, segs = [], []
+    for k in range(pieces):
+        steps = np.arange(k * length + 1, (k + 1) * length + 1)
+        s = Series(steps, 0.05 + 0.01 * np.sin(steps / 5.0), 1.7e9 + steps * 2.0)
+        parts.append({"kl": s, "loss": s})
+        segs.append(Segment(kind="table", ref=f"p{k}.csv", source="x", series={"kl": s, "loss": s}))
+    lin = Lineage(id="many", name="many", segments=segs, pieces=parts, piece_segments=list(range(pieces)), kl_metric="kl")
+    return LineageResult(lin, "kl", "ok")
+
+
+def _points_per_panel(fig) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for t in fig.data:
+        if t.yaxis and t.x is not None and t.legendgroup != "windows":
+            out[t.yaxis] = out.get(t.yaxis, 0) + len(t.x)
+    return out
+
+
+def test_points_are_capped_per_panel_not_per_piece_and_many_pieces_are_one_line() -> None:
+    fig = charts.run_figure(_many_pieces(300, 400), linked=["loss"], max_points=1_000)
+    assert _points_per_panel(fig) == {"y": pytest.approx(1_000, abs=300), "y2": pytest.approx(1_000, abs=300)}
+    assert max(_points_per_panel(fig).values()) <= 1_000 + 299  # 299 gaps between the 300 pieces
+    assert len([t for t in fig.data if t.legendgroup != "windows"]) == 2  # one line per panel, not 600 traces
+    few = charts.run_figure(_many_pieces(5, 4_000), max_points=1_000)
+    assert len(few.data) == 5 and sum(len(t.x) for t in few.data) <= 1_000  # five pieces share one panel's budget
+
+
+def test_smoothing_keeps_the_raw_series_faint_and_never_smears_across_a_resume(fleet: data.Fleet) -> None:
+    result = _by_name(fleet, "grpo-resume-buggy")
+    fig = charts.run_figure(result, smoothing=0.9)
+    raw = [t for t in fig.data if t.opacity is not None and t.opacity < 1]
+    smooth = [t for t in fig.data if t.opacity == 1 and t.legendgroup != "windows"]
+    assert len(raw) == len(smooth) == 3 and all(t.hoverinfo == "skip" for t in raw)
+    after = smooth[1]  # the piece after the first resume starts where its own KL starts (the collapse stays visible)
+    assert after.y[0] == pytest.approx(raw[1].y[0])
+    assert charts.ema(np.array([1.0, 1.0, 1.0]), 0.9) == pytest.approx([1.0, 1.0, 1.0])  # debiased: no pull to 0
+
+
+def test_log_y_and_the_clock_axes(fleet: data.Fleet) -> None:
+    result = _by_name(fleet, "grpo-resume-buggy")
+    assert charts.run_figure(result, log_y=True, linked=["train/loss"]).layout.yaxis2.type == "log"
+    wall = charts.run_figure(result, x_axis="wall")
+    assert wall.layout.xaxis.type == "date"
+    first_after = result.lineage.pieces[1]["train/kl_penalty"]
+    line = [s for s in wall.layout.shapes if s.type == "line"][0]
+    assert line.x0 == pytest.approx(first_after.wall_times[0] * 1000)  # the resume where that launch was then
+    rel = charts.run_figure(result, x_axis="relative")
+    assert rel.data[0].x[0] == 0 and rel.layout.xaxis.title.text == "hours since the run's first point"
+
+
+def test_compared_windows_stay_visible_on_a_long_run_and_are_named_in_the_legend(fleet: data.Fleet) -> None:
+    result = _by_name(fleet, "grpo-resume-fixed")
+    stretched = charts.run_figure(result, x_range=(-100_000, 100_000))  # as on a run 200,000 steps long
+    rects = [s for s in stretched.layout.shapes if s.type == "rect"]
+    assert rects and all(r.x1 - r.x0 >= 200_000 * charts.MIN_WINDOW_FRACTION - 1e-6 for r in rects)
+    assert [t.name for t in stretched.data if t.legendgroup == "windows"] == [
+        "KL compared before the resume", "KL compared after (verdict colour)"]
+    zoomed = charts.run_figure(result, x_range=(1, 100))
+    assert list(zoomed.layout.xaxis.range) == [1, 100]
+
+
+def test_a_control_run_is_overlaid_with_the_step_where_they_part(fleet: data.Fleet) -> None:
+    from klwatch.comparison import compare_runs
+
+    resumed, control = _by_name(fleet, "grpo-resume-buggy"), _by_name(fleet, "grpo-continuous")
+    cmp = compare_runs(control, resumed, resume_step=41)
+    fig = charts.run_figure(resumed, control=control, comparison=cmp)
+    (overlay,) = [t for t in fig.data if t.legendgroup == "control"]
+    assert overlay.name == "control: grpo-continuous" and overlay.line.dash == "dash"
+    assert cmp.verdict == "parted"
+    (label,) = [a for a in fig.layout.annotations if "parted at step" in (a.text or "")]
+    assert label.x == cmp.part_step
+    assert any(s.type == "line" and s.x0 == cmp.part_step and s.line.color == charts.PART_COLOR for s in fig.layout.shapes)

@@ -152,3 +152,55 @@ def test_same_run_id_in_two_sources_gets_two_keys(fleet_dir: Path, tmp_path: Pat
     for spec in (str(fleet_dir), str(copy)):  # each source's three runs, each under its own key
         assert len({k for k, s in zip(fleet.keys, fleet.source_of) if s == spec}) == 3
     assert len(fleet.runs) == 6
+
+
+def test_no_run_beyond_the_point_budget_is_opened_by_itself(fleet_dir: Path) -> None:
+    fleet = data.load_fleet([str(fleet_dir)], config=ScanConfig())
+    sizes = {k: data.lineage_points(r.lineage) for k, r in fleet.runs.items()}
+    flagged = next(k for k, r in fleet.runs.items() if r.status == "reference_reset")
+    assert data.auto_open(fleet, findings={}) == flagged
+    assert data.auto_open(fleet, findings={}, budget=min(sizes.values()) - 1) is None
+    assert data.auto_open(fleet, findings={}, budget=sizes[flagged]) == flagged
+
+
+def test_runs_of_one_name_are_labelled_with_their_tracker(fleet_dir: Path, tmp_path: Path) -> None:
+    from dashboard_runs import write_mlflow_store
+
+    write_run(tmp_path / "tb", name="same-name", resumes=[], buggy=False, steps=20)
+    write_mlflow_store(tmp_path / "ml", run_name="same-name")
+    fleet = data.load_fleet([str(tmp_path / "tb"), str(tmp_path / "ml")], config=ScanConfig())
+    labels = sorted(data.run_labels(fleet).values())
+    assert len(set(labels)) == 2 and labels[0].startswith("same-name · mlflow")
+    assert labels[1].startswith("same-name · tensorboard")
+
+
+def test_a_tracker_link_is_only_an_http_url_without_credentials() -> None:
+    from klwatch.model import Lineage, Segment
+
+    def lin(**seg: object) -> Lineage:
+        return Lineage(id="x", name="x", segments=[Segment(source="s", ref="r", **seg)])  # type: ignore[arg-type]
+
+    assert data.tracker_link(lin(kind="wandb-offline", run_id="ab12", meta={"entity": "me", "project": "p q"})) == (
+        "W&B run", "https://wandb.ai/me/p%20q/runs/ab12")
+    assert data.tracker_link(lin(kind="wandb-api", run_id="ab", meta={"url": "https://u:pw@wandb.ai/e/p/runs/ab"})) == (
+        "W&B run", "https://wandb.ai/e/p/runs/ab")
+    assert data.tracker_link(lin(kind="wandb-api", run_id="ab", meta={"url": "javascript:alert(1)"})) is None
+    assert data.tracker_link(lin(kind="wandb-api", run_id="ab", meta={"url": 'https://x.y/a" onclick="x'})) is None
+    assert data.tracker_link(lin(kind="mlflow", run_id="r1", store="http://mlflow.local:5000#exp",
+                                 meta={"experiment_id": "3"})) == ("MLflow run", "http://mlflow.local:5000/#/experiments/3/runs/r1")
+    assert data.tracker_link(lin(kind="mlflow", run_id="r1", store="/tmp/mlruns", meta={"experiment_id": "3"})) is None
+    assert data.tracker_link(lin(kind="tensorboard")) is None
+
+
+def test_dozens_of_resumes_or_differing_configs_make_a_lineage_implausible() -> None:
+    from klwatch.model import Boundary, Lineage, Segment
+
+    segs = [Segment(kind="wandb-offline", ref=f"r{i}", source="s", config={"beta": 0.04, "run_dir": f"/r{i}"})
+            for i in range(3)]
+    lin = Lineage(id="x", name="x", segments=segs)
+    assert data.implausible(lin) == []  # per-launch keys (paths) may differ
+    lin.boundaries = [Boundary(step=10 * i, resumed_from_step=None, evidence=["new_tracker_run"], piece_index=i)
+                      for i in range(1, 30)]
+    segs[2].config = {"beta": 0.1}
+    assert data.implausible(lin) == ["29 resumes in one run",
+                                     "its tracker pieces logged different configs (1 join(s) between differing configs)"]
