@@ -17,14 +17,21 @@ items in one more (a flat message collecting every key and every value), each di
 decoded once, and values become floats a column at a time in numpy, which accepts exactly the
 JSON numbers (plus the ``Infinity``/``NaN`` the writers emit) and rejects every other JSON value.
 The summary is folded with a ``dict`` over the items' key bytes.
+
+A run's log grows while the run lives, and the watcher reads it again and again:
+``read_wandb_run_dir_since`` reads only the bytes after where its last read stopped (a
+``sources.resume.Resume``) and adds what they hold to what that read had decoded, giving the
+Segment a read of the whole log gives.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import struct
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
 from typing import Any
@@ -36,6 +43,7 @@ from google.protobuf.message import DecodeError
 from ..model import Segment, Series
 from .limits import current_budget, path_kind, read_regular
 from .local import ReadError
+from .resume import Resume
 
 FILE_HEADER = b":W&B" + struct.pack("<H", 0xBEE1)
 FILE_HEADER_LEN = 7
@@ -149,32 +157,45 @@ _CHUNK_HEADER = struct.Struct("<IHB")  # CRC-32, payload length, chunk type
 
 
 class _Unframer:
-    """One pass over a ``.wandb`` file's chunks, holding what the pass has found so far.
+    """One pass over a ``.wandb`` file's chunks (or over its bytes from ``base`` on, for a resumed
+    read), holding what the pass has found so far.
 
     The state (records out, a FIRST..LAST record being assembled, whether corruption was just
     skipped) is shared by the fast path for runs of whole FULL chunks and the careful path for
     everything else, which is why it lives in one object rather than in the functions' locals.
+    Positions inside are relative to ``data``; blocks and every byte named in a message are
+    absolute (``base`` + position), so a resumed pass frames and words things as a whole pass does.
     """
 
-    def __init__(self, data: bytes, name: str) -> None:
+    def __init__(self, data: bytes, name: str, *, base: int = 0, prior: int = 0, skipped: int = 0) -> None:
         self.data = data
         self.name = name
+        self.base = base
         self.n = len(data)
+        self.prior = prior
+        """Whole records before ``base`` (a resumed pass): the messages count them."""
         self.out: list[bytes] = []
         self.offsets: list[int] = []
-        """The byte at which each record of ``out`` begins (its first chunk's header)."""
+        """The (absolute) byte at which each record of ``out`` begins (its first chunk's header)."""
         self.warnings: list[str] = []
         self.parts: list[bytes] | None = None  # chunks of a FIRST..LAST record being assembled
-        self.part_start = 0
+        self.part_start = 0  # absolute
         self.resyncing = False  # just jumped past corruption: skip MIDDLE/LAST chunks of a lost record
-        self.skipped = 0
+        self.skipped = skipped
+        self.last_end = 0 if base else FILE_HEADER_LEN
+        """Where the last whole record ends (relative): a later read may go on from there."""
+        self.warned_at = 0
+        self.skipped_at = skipped
+        """``len(warnings)`` and ``skipped`` when the last whole record was taken: what a read of
+        the bytes before ``last_end`` alone would have warned."""
 
     def run(self) -> tuple[list[bytes], list[str]]:
-        """Every chunk from the file header on, block by block; then the warnings for the end."""
-        n = self.n
-        pos = FILE_HEADER_LEN
+        """Every chunk from the file header (or ``base``) on, block by block; then the warnings for
+        the end."""
+        n, base = self.n, self.base
+        pos = 0 if base else FILE_HEADER_LEN
         while pos < n:
-            block_end = pos - pos % BLOCK + BLOCK
+            block_end = pos - (pos + base) % BLOCK + BLOCK
             if self.parts is None:
                 pos = self._full_chunks(pos, min(block_end, n))
                 if pos >= n:
@@ -188,10 +209,20 @@ class _Unframer:
         if self.parts is not None:
             self.warnings.append(
                 f"{self.name} is cut short inside a record that began at byte {self.part_start} (crash, or "
-                f"a run still being written): read the {len(self.out)} whole records before it")
-        if self.skipped > MAX_WARNINGS:
-            self.warnings.append(f"{self.name}: {self.skipped} corrupt stretches skipped in all")
+                f"a run still being written): read the {self.records} whole records before it")
+        summary = self.skipped_summary(self.skipped)
+        if summary:
+            self.warnings.append(summary)
         return self.out, self.warnings
+
+    @property
+    def records(self) -> int:
+        """Whole records before the current position, counting those before ``base``."""
+        return self.prior + len(self.out)
+
+    def skipped_summary(self, skipped: int) -> str | None:
+        """The closing warning for many skipped stretches (each past the first few had none)."""
+        return f"{self.name}: {skipped} corrupt stretches skipped in all" if skipped > MAX_WARNINGS else None
 
     def _full_chunks(self, pos: int, limit: int) -> int:
         """The fast path: whole FULL chunks with a good CRC, as far as they go before ``limit``;
@@ -199,7 +230,7 @@ class _Unframer:
         stays a tight loop over locals."""
         data, append, at = self.data, self.out.append, self.offsets.append
         unpack, crc32, seed_full = _CHUNK_HEADER.unpack_from, zlib.crc32, CHUNK_SEEDS[FULL]
-        count = len(self.out)
+        count, base = len(self.out), self.base
         while pos + CHUNK_HEADER <= limit:
             crc, length, ctype = unpack(data, pos)
             end = pos + CHUNK_HEADER + length
@@ -213,6 +244,9 @@ class _Unframer:
             pos = end
         if len(self.out) > count:
             self.resyncing = False
+            if base:
+                self.offsets[count:] = [o + base for o in self.offsets[count:]]
+            self.last_end, self.warned_at, self.skipped_at = pos, len(self.warnings), self.skipped
         return pos
 
     def _chunk(self, pos: int, block_end: int) -> int:
@@ -235,56 +269,61 @@ class _Unframer:
         computed = zlib.crc32(payload, CHUNK_SEEDS[ctype])
         if computed != crc:
             return self._corrupt(pos, f"CRC mismatch (stored {crc:#010x}, computed {computed:#010x})")
-        self._take(ctype, payload, pos)
+        self._take(ctype, payload, pos, end)
         return end
 
-    def _take(self, ctype: int, payload: bytes, pos: int) -> None:
+    def _take(self, ctype: int, payload: bytes, pos: int, end: int) -> None:
         """Assemble a whole chunk whose CRC holds: the framing stays aligned whatever its type says."""
+        at = self.base + pos
         if ctype == FULL or ctype == FIRST:
             if self.parts is not None:
                 self.warnings.append(f"{self.name}: record at byte {self.part_start} never finished; dropped")
             self.resyncing = False
             if ctype == FULL:
                 self.parts = None
-                self.out.append(payload)
-                self.offsets.append(pos)
+                self._record(payload, at, end)
             else:
-                self.parts, self.part_start = [payload], pos
+                self.parts, self.part_start = [payload], at
         elif self.parts is None:
             if not self.resyncing:
-                self.warnings.append(f"{self.name}: continuation chunk at byte {pos} without a first chunk; "
+                self.warnings.append(f"{self.name}: continuation chunk at byte {at} without a first chunk; "
                                      "skipped")
         else:
             self.parts.append(payload)
             if ctype == LAST:
-                self.out.append(b"".join(self.parts))
-                self.offsets.append(self.part_start)
+                self._record(b"".join(self.parts), self.part_start, end)
                 self.parts = None
+
+    def _record(self, payload: bytes, at: int, end: int) -> None:
+        """A whole record taken: out it goes, and a later read may go on after it."""
+        self.out.append(payload)
+        self.offsets.append(at)
+        self.last_end, self.warned_at, self.skipped_at = end, len(self.warnings), self.skipped
 
     def _cut_short(self, where: str) -> None:
         """The file ends inside a chunk: keep the whole records before it; a record being assembled
         is lost with it, so it gets no warning of its own."""
-        self.warnings.append(f"{self.name} is cut short at byte {self.n} {where} (crash, or a run still being "
-                             f"written): read the {len(self.out)} whole records before it")
+        self.warnings.append(f"{self.name} is cut short at byte {self.base + self.n} {where} (crash, or a run "
+                             f"still being written): read the {self.records} whole records before it")
         self.parts = None
 
     def _corrupt(self, at: int, why: str) -> int:
         """Where to go on after a corrupt chunk at ``at``: the next block, or -1 (zero-filled end)."""
-        data, n, name = self.data, self.n, self.name
+        data, n, name, base = self.data, self.n, self.name, self.base
         if not any(data[at:]):
-            self.warnings.append(f"{name} ends in {n - at} zero bytes from byte {at} (cut short by a crash?): "
-                                 f"read the {len(self.out)} whole records before them")
+            self.warnings.append(f"{name} ends in {n - at} zero bytes from byte {base + at} (cut short by a "
+                                 f"crash?): read the {self.records} whole records before them")
             return -1
-        next_block = (at // BLOCK + 1) * BLOCK
-        if next_block >= n:
-            raise ReadError(f"corrupt record at byte {at}: {why}; no later 32 KiB block to resume from")
+        next_block = ((base + at) // BLOCK + 1) * BLOCK
+        if next_block >= base + n:
+            raise ReadError(f"corrupt record at byte {base + at}: {why}; no later 32 KiB block to resume from")
         self.skipped += 1
         if self.skipped <= MAX_WARNINGS:
             lost = " and the record it continued" if self.parts is not None else ""
-            self.warnings.append(f"{name}: corrupt record at byte {at}: {why}; skipped to the next 32 KiB "
+            self.warnings.append(f"{name}: corrupt record at byte {base + at}: {why}; skipped to the next 32 KiB "
                                  f"block at byte {next_block}, losing the records in between{lost}")
         self.parts, self.resyncing = None, True
-        return next_block
+        return next_block - base
 
 
 def _bytes_at(offsets: list[int]) -> str:
@@ -405,6 +444,15 @@ def _encode_varint(n: int) -> bytes:
 _str_len = getattr(np, "strings", np.char).str_len
 
 
+def _plain_key(key: bytes) -> bool:
+    """A key that is valid UTF-8, not empty, and not the row marker's name: its name stands for it
+    alone."""
+    try:
+        return key.decode("utf-8") not in ("", "\ufffd")
+    except UnicodeDecodeError:
+        return False
+
+
 def _value_bytes(v: bytes) -> bytes | None:
     """``varint length + value_json`` -> value_json, when that is all there is."""
     try:
@@ -425,16 +473,29 @@ class Items:
     for flat keys): all items are parsed in one go as one message whose repeated fields collect
     every key and every value in order; the counts must match the items, and the row markers
     (``marks``) must sit where their key does. Otherwise each item is split at its
-    ``value_json`` tag and each distinct key encoding is decoded once.
+    ``value_json`` tag and each distinct key encoding is decoded once (``split``: always).
+
+    ``regular`` says whether these items read the same appended to others read the same way
+    (``read_wandb_run_dir_since``): distinct keys keep distinct names, and every item is read
+    from its key fields and its ``value_json`` alone.
     """
 
-    def __init__(self, raws: list[bytes], *, typed: bool, marks: np.ndarray | None = None) -> None:
+    def __init__(self, raws: list[bytes], *, typed: bool, marks: np.ndarray | None = None,
+                 split: bool = False) -> None:
         self.raws = raws
         self.typed = typed
         self._values = np.empty(len(raws), dtype=object)
         self._prefixed = False  # values still carry their varint length (split path)
-        if not self._try_flat(marks):
+        self.flat = not split and self._try_flat(marks)
+        self.odd = False  # an item parsed fully, or a value that is not exactly a varint length + JSON
+        if not self.flat:
             self._split()
+
+    @property
+    def regular(self) -> bool:
+        if self.flat:
+            return self._plain_keys
+        return not self.odd
 
     def _try_flat(self, marks: np.ndarray | None) -> bool:
         flat = _msg("Flat")()
@@ -452,6 +513,7 @@ class Items:
         if marks is not None and not np.array_equal(marks, self.codes == code_of.get(b"\xfe", -1)):
             return False
         self.names = [k.decode("utf-8", "replace") or None for k in code_of]
+        self._plain_keys = all(k == b"\xfe" or _plain_key(k) for k in code_of)
         self._values[:] = list(flat.value_json)
         return True
 
@@ -469,6 +531,7 @@ class Items:
         self.codes = np.array([name_code[name] for name in names], dtype=np.int64)[codes]
         # a prefix that spells no key: a typed value, or no value_json tag at all: parse those fully
         unknown = [c for c, name in enumerate(names) if name is None]
+        self.odd = bool(unknown)
         for i in (np.flatnonzero(np.isin(codes, unknown)).tolist() if unknown else []):
             key, value = _slow_item(self.raws[i], typed=self.typed)
             self._values[i] = b"" if value is None else _encode_varint(len(value)) + value
@@ -483,11 +546,14 @@ class Items:
         if not self._prefixed:
             return raw, np.ones(n, dtype=bool)
         if width < 2:
+            self.odd = True
             return np.zeros(n, dtype="S1"), np.zeros(n, dtype=bool)
         # strip the one-byte varint length in numpy; longer values one by one
         mat = raw.view(np.uint8).reshape(n, width)
         present = mat[:, 0].astype(np.int64) == _str_len(raw) - 1
         body = np.ascontiguousarray(mat[:, 1:]).view(f"S{width - 1}").ravel()
+        if not present.all():
+            self.odd = True
         for i in np.flatnonzero(~present).tolist():
             value = _value_bytes(self._values[idx[i]])
             if value is not None:
@@ -537,22 +603,39 @@ def json_floats(arr: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.nd
 # -- history, summary ---------------------------------------------------------------------------
 
 
-def read_history(rows: list[bytes], *, strict: bool = False) -> tuple[dict[str, Series], list[str]]:
-    """History records (``HistoryRecord`` bytes, in logged order) -> one Series per numeric key.
-    Records that do not decode are dropped with a warning (``strict``: a DecodeError)."""
-    warnings: list[str] = []
-    nrows = len(rows)
-    if not nrows:
-        return {}, warnings
+@dataclass
+class _Rows:
+    """What a stretch of history rows decodes to: enough to append it to the rows before it."""
+
+    names: list[Any]
+    """Every key the items name (numeric or not), in the order they first appear."""
+    columns: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
+    """Key -> (steps, values, wall times) of its numeric items, keys in ``names`` order (not
+    ``_step``/``_timestamp``, nor keys without a numeric item)."""
+    nrows: int = 0
+    dropped: int = 0
+    missing: int = 0
+    """Rows without a ``_step`` (numbered from the row before)."""
+    last_step: float = -1.0
+    """The step of the last row, as the numbering of rows without ``_step`` goes on from it."""
+    flat: bool | None = None
+    """How the items were read (``Items``); None without items."""
+    regular: bool = True
+
+
+def _decode_rows(rows: list[bytes], *, strict: bool = False, prev: float = -1.0, split: bool = False) -> _Rows:
+    """History records (``HistoryRecord`` bytes, in logged order) -> their numeric items per key.
+    ``prev``: the step of the row before them; ``split``: read items the way the rows before them
+    were (``Items``)."""
+    if not rows:
+        return _Rows([], {}, last_step=prev)
     listing, rows, dropped = _parse_joined(rows, "ItemList", sep=ROW_MARK, strict=strict)
-    if dropped:
-        warnings.append(f"{dropped} history records with a good CRC could not be decoded; skipped")
-        nrows = len(rows)
+    nrows = len(rows)
     raws = list(listing.item)
     del listing
     mark = np.fromiter(map(ROW_MARK_ITEM.__eq__, raws), dtype=bool, count=len(raws))
     row_of = np.cumsum(mark) - 1
-    items = Items(raws, typed=True, marks=mark)
+    items = Items(raws, typed=True, marks=mark, split=split)
 
     columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # key -> (rows, floats) of numeric items
     for key, idx in items.groups().items():
@@ -572,20 +655,57 @@ def read_history(rows: list[bytes], *, strict: bool = False) -> tuple[dict[str, 
     step_col, time_col = per_row("_step"), per_row("_timestamp")
     missing = np.isnan(step_col)
     if missing.any():  # rare: take the record's own step, else count on from the row before
-        prev = -1.0
         for r in range(nrows):
             if missing[r]:
                 step_col[r] = _record_step(rows[r]) or prev + 1
             prev = step_col[r]
-        warnings.append(f"{int(missing.sum())} history rows have no _step; numbered from their neighbours")
     steps = step_col.astype(np.int64)
-    series: dict[str, Series] = {}
-    for key, (r, f) in columns.items():
-        if key in ("_step", "_timestamp") or not len(r):
+    out = {key: (steps[r], f, time_col[r]) for key, (r, f) in columns.items()
+           if key not in ("_step", "_timestamp") and len(r)}
+    return _Rows(items.names, out, nrows=nrows, dropped=dropped, missing=int(missing.sum()),
+                 last_step=float(step_col[-1]) if nrows else prev, flat=items.flat,
+                 regular=items.regular and not dropped)
+
+
+def _series(steps: np.ndarray, values: np.ndarray, wall: np.ndarray) -> Series:
+    return Series(steps, values, None if np.isnan(wall).all() else wall)
+
+
+def _history_warnings(dropped: int, missing: int) -> list[str]:
+    warnings = []
+    if dropped:
+        warnings.append(f"{dropped} history records with a good CRC could not be decoded; skipped")
+    if missing:
+        warnings.append(f"{missing} history rows have no _step; numbered from their neighbours")
+    return warnings
+
+
+def read_history(rows: list[bytes], *, strict: bool = False) -> tuple[dict[str, Series], list[str]]:
+    """History records (``HistoryRecord`` bytes, in logged order) -> one Series per numeric key.
+    Records that do not decode are dropped with a warning (``strict``: a DecodeError)."""
+    got = _decode_rows(rows, strict=strict)
+    return {k: _series(*c) for k, c in got.columns.items()}, _history_warnings(got.dropped, got.missing)
+
+
+def _append_rows(series: dict[str, Series], names: list[str], more: _Rows) -> tuple[dict[str, Series], list[str]]:
+    """The Series of rows read before (``series``, their keys ``names``) with ``more`` rows after
+    them: what reading all the rows at once gives, keys in the same order."""
+    seen = set(names)
+    names = names + [k for k in more.names if k not in seen]
+    out: dict[str, Series] = {}
+    for key in names:
+        old, new = series.get(key), more.columns.get(key)
+        if new is None:
+            if old is not None:
+                out[key] = old
             continue
-        wall = time_col[r]
-        series[key] = Series(steps[r], f, None if np.isnan(wall).all() else wall)
-    return series, warnings
+        steps, values, wall = new
+        if old is not None:
+            steps, values = np.concatenate([old.steps, steps]), np.concatenate([old.values, values])
+            before = old.wall_times if old.wall_times is not None else np.full(len(old.steps), np.nan)
+            wall = np.concatenate([before, wall])
+        out[key] = _series(steps, values, wall)
+    return out, names
 
 
 def _record_step(row: bytes) -> int | None:
@@ -625,21 +745,33 @@ def _fold(raws: list[bytes]) -> dict[str, Any]:
 
 def read_summary(records: list[bytes], *, strict: bool = False) -> dict[str, Any]:
     """The run summary after every update and removal (``SummaryRecord`` bytes, in order), nested
-    keys joined with '.'. Records that do not decode are left out (``strict``: a DecodeError).
+    keys joined with '.'. Records that do not decode are left out (``strict``: a DecodeError)."""
+    return _summary_out(_fold_summary({}, False, records, strict=strict)[0])
+
+
+def _fold_summary(final: dict[str, Any], removed: bool, records: list[bytes], *, strict: bool = False
+                  ) -> tuple[dict[str, Any], bool]:
+    """``final`` (key -> JSON value bytes, or None: the summary after the records before) after
+    ``records``, and whether any record so far removed a key (``removed``).
 
     Only the last copy of a record that repeats byte for byte can matter (every key it sets or
     removes is set or removed again by the later copy), so repeats (wandb-core's runtime updates)
     are dropped first. Concatenated, the records parse as one ``Summary`` whose updates are in order.
     """
     merged, distinct, _ = _parse_joined(list(dict.fromkeys(reversed(records)))[::-1], "Summary", strict=strict)
-    final: dict[str, Any] = {}
+    final = dict(final)
     if not len(merged.remove):  # the usual case: the last update of a key wins
-        final = _fold(list(merged.update))
-    else:  # a key was removed somewhere: replay record by record
-        for rec in _each_decoded(distinct, "Summary", strict=strict):
-            final.update(_fold(list(rec.update)))
-            for k in _fold(list(rec.remove)):
-                final.pop(k, None)
+        final.update(_fold(list(merged.update)))
+        return final, removed
+    for rec in _each_decoded(distinct, "Summary", strict=strict):  # a key was removed: replay record by record
+        final.update(_fold(list(rec.update)))
+        for k in _fold(list(rec.remove)):
+            final.pop(k, None)
+    return final, True
+
+
+def _summary_out(final: dict[str, Any]) -> dict[str, Any]:
+    """The summary as a Segment holds it: JSON values decoded, wandb's own ``_wandb`` keys left out."""
     out: dict[str, Any] = {}
     for k, v in final.items():
         if k.startswith("_wandb") or v is None:
@@ -739,31 +871,186 @@ def read_wandb_run_dir(path: Path, *, ref: str, source: str) -> list[Segment]:
     its own folder, so each folder is a Segment of its own; stitching joins them later. Records with
     a good CRC whose contents cannot be decoded cost themselves only (``_read_damaged``).
     """
+    return read_wandb_run_dir_since(path, ref=ref, source=source, since=None)[0]
+
+
+STATE_VERSION = 1
+"""Of ``Resume.state`` as this reader writes it: a state of another version is not read on."""
+
+
+def read_wandb_run_dir_since(path: Path, *, ref: str, source: str, since: Resume | None
+                             ) -> tuple[list[Segment], Resume | None]:
+    """``read_wandb_run_dir``, reading only the bytes of the log after ``since`` (a ``Resume`` an
+    earlier read of the same log returned), and a ``Resume`` for the end of its last whole record.
+
+    A run's log only grows while the run lives, and a watcher reads it again and again: a read on
+    from ``since`` costs the new bytes only, and gives exactly the Segment a read of the whole log
+    gives. Anything that could make the two differ (records that do not decode, items read
+    otherwise than the ones before, a log other than ``since``'s) is read from the beginning
+    instead; the Resume is None when the log cannot be read on from its end (records whose
+    contents are damaged).
+    """
     path = Path(path)
     log, warnings = _log_file(path)
-    batch, size = _parse_log(log, warnings)
+    if since is not None:
+        got = _read_on(path, log=log, since=since, ref=ref, source=source, warnings=warnings)
+        if got is not None:
+            return [got[0]], got[1]
+    return _read_whole(path, log=log, ref=ref, source=source, warnings=warnings)
+
+
+def _read_whole(path: Path, *, log: Path, ref: str, source: str, warnings: list[str]
+                ) -> tuple[list[Segment], Resume | None]:
+    """The whole log, and a Resume for its end (None when its records had to be read as damaged)."""
+    batch, size, framed = _parse_log(log)
     if batch is not None:
         try:
-            return [_run_segment(batch, path=path, log=log, size=size, ref=ref, source=source,
-                                 warnings=warnings, strict=True)]
+            decoded = _decode(batch, strict=True)
         except _DAMAGE:
             pass
-    return [_read_damaged(path, log=log, size=size, ref=ref, source=source, warnings=warnings)]
+        else:
+            seg = _segment_of(decoded, path=path, log=log, size=size, ref=ref, source=source,
+                              warnings=warnings + framed.warnings)
+            return [seg], _resume(decoded, path=path, log=log, ref=ref, source=source, warnings=warnings,
+                                  framed=framed, framing=[])
+    return [_read_damaged(path, log=log, size=size, ref=ref, source=source,
+                          warnings=warnings + framed.warnings)], None
 
 
-def _parse_log(log: Path, warnings: list[str]) -> tuple[Any, int]:
-    """The log's records parsed as one batch (None when they do not parse), and the file's size. A
-    function of its own so that the file's bytes and the raw records are freed on return: the peak
-    memory stays near a few times the file, not more."""
-    data = read_regular(log)  # a FIFO or a device is refused, the bytes are charged to the SOURCE
-    framed = _unframe(data, log.name)
-    warnings += framed.warnings
-    size = len(data)
+def _read_on(path: Path, *, log: Path, since: Resume, ref: str, source: str, warnings: list[str]
+             ) -> tuple[Segment, Resume | None] | None:
+    """The log read on from ``since``: only its bytes after ``since.offset`` are read, decoded and
+    added to what ``since`` holds. None when they must be read with all the others instead."""
+    state = since.state
+    offset = since.offset
+    if (state.get("version") != STATE_VERSION or since.file != os.path.abspath(log)
+            or not FILE_HEADER_LEN <= offset <= os.stat(log).st_size):
+        return None
+    data = read_regular(log, start=offset)
+    framed = _Unframer(data, log.name, base=offset, prior=state["records"], skipped=state["skipped"])
+    try:
+        framed.run()
+    except ReadError:  # a whole read says it the same way
+        return None
+    size = offset + len(data)
     del data
     try:
-        return _msg("Batch").FromString(b"".join(framed.out)), size
+        batch = _msg("Batch").FromString(b"".join(framed.out))
+        decoded = _decode_on(batch, state=state, before=since.segment)
+    except _DAMAGE:
+        return None
+    if decoded is None:
+        return None
+    framing = list(state["framing_warnings"])
+    seg = _segment_of(decoded, path=path, log=log, size=size, ref=ref, source=source,
+                      warnings=warnings + framing + framed.warnings)
+    return seg, _resume(decoded, path=path, log=log, ref=ref, source=source, warnings=warnings,
+                        framed=framed, framing=framing)
+
+
+def _parse_log(log: Path) -> tuple[Any, int, _Unframer]:
+    """The log's records parsed as one batch (None when they do not parse), the file's size and
+    its framing (records dropped). A function of its own so that the file's bytes and the raw
+    records are freed on return: the peak memory stays near a few times the file, not more."""
+    data = read_regular(log)  # a FIFO or a device is refused, the bytes are charged to the SOURCE
+    framed = _unframe(data, log.name)
+    size = len(data)
+    del data
+    joined = b"".join(framed.out)
+    framed.out = []
+    try:
+        return _msg("Batch").FromString(joined), size, framed
     except DecodeError:
-        return None, size
+        return None, size, framed
+
+
+@dataclass
+class _Decoded:
+    """What a run's records decode to, before it becomes a Segment; as much as reading more of its
+    log needs (``_decode_on``)."""
+
+    rows: _Rows
+    series: dict[str, Series]
+    names: list[str]
+    history_rows: int
+    summary: dict[str, Any]
+    """Key -> JSON value bytes (or None), every key, ``_wandb`` ones too (``_fold_summary``)."""
+    removed: bool
+    run: Any
+    config: dict[str, Any]
+    internal: dict[str, Any]
+    config_records: int
+    exit_code: int | None
+    preempted: bool
+
+
+def _decode(batch: Any, *, strict: bool = False) -> _Decoded:
+    """A log's records, parsed as one batch (``strict``: a record part that does not decode is a
+    DecodeError rather than a warning)."""
+    rows = _decode_rows(list(batch.history), strict=strict)
+    summary, removed = _fold_summary({}, False, list(batch.summary), strict=strict)
+    run, config, internal = _run_and_config(batch)
+    return _Decoded(rows=rows, series={k: _series(*c) for k, c in rows.columns.items()}, names=rows.names,
+                    history_rows=len(batch.history), summary=summary, removed=removed, run=run,
+                    config=config, internal=internal, config_records=len(batch.config),
+                    exit_code=batch.exit[-1].exit_code if len(batch.exit) else None,
+                    preempted=bool(len(batch.preempting)))
+
+
+def _decode_on(batch: Any, *, state: dict[str, Any], before: Segment) -> _Decoded | None:
+    """The records after a Resume's offset (``batch``) added to what the records before it made
+    (``state``, ``before``), strictly; None when the sum could differ from decoding all of them
+    at once: history items read another way than the ones before, or a run record after config
+    records (a whole read applies every run record's config before any config record)."""
+    if len(batch.run) and state["config_records"]:
+        return None
+    flat = state["flat"]
+    rows = _decode_rows(list(batch.history), strict=True, prev=float.fromhex(state["last_step"]),
+                        split=flat is False)
+    if not rows.regular or (flat is True and rows.flat is False):
+        return None
+    series, names = _append_rows(before.series, state["names"], rows)
+    summary, removed = _fold_summary({k: None if v is None else bytes.fromhex(v) for k, v in state["summary"]},
+                                     state["removed"], list(batch.summary), strict=True)
+    run = _msg("Run").FromString(bytes.fromhex(state["run"])) if state["run"] is not None else None
+    run, config, internal = _run_and_config(batch, run=run, config=json.loads(state["config"]),
+                                            internal=json.loads(state["internal"]))
+    totals = _Rows(names, {}, nrows=state["rows"] + rows.nrows, missing=state["missing"] + rows.missing,
+                   last_step=rows.last_step, flat=flat if rows.flat is None else rows.flat, regular=True)
+    return _Decoded(rows=totals, series=series, names=names, history_rows=state["history_rows"] + len(batch.history),
+                    summary=summary, removed=removed, run=run, config=config, internal=internal,
+                    config_records=state["config_records"] + len(batch.config),
+                    exit_code=batch.exit[-1].exit_code if len(batch.exit) else state["exit_code"],
+                    preempted=state["preempted"] or bool(len(batch.preempting)))
+
+
+def _resume(decoded: _Decoded, *, path: Path, log: Path, ref: str, source: str, warnings: list[str],
+            framed: _Unframer, framing: list[str]) -> Resume | None:
+    """Where the next read of the log goes on (after the last whole record ``framed`` took), with
+    the Segment the bytes before it make and the state to go on from; None when the records
+    were not read the way one can go on from (``Items.regular``)."""
+    rows = decoded.rows
+    if not rows.regular or any(not isinstance(k, str) for k in decoded.names):
+        return None
+    framing = framing + framed.warnings[:framed.warned_at]
+    try:
+        state = {
+            "version": STATE_VERSION, "records": framed.records, "skipped": framed.skipped_at,
+            "framing_warnings": framing, "history_rows": decoded.history_rows, "rows": rows.nrows,
+            "names": decoded.names, "last_step": float(rows.last_step).hex(), "missing": rows.missing,
+            "flat": rows.flat, "summary": [[k, None if v is None else v.hex()] for k, v in decoded.summary.items()],
+            "removed": decoded.removed, "config": json.dumps(decoded.config),
+            "internal": json.dumps(decoded.internal), "config_records": decoded.config_records,
+            "run": None if decoded.run is None else decoded.run.SerializeToString().hex(),
+            "exit_code": decoded.exit_code, "preempted": decoded.preempted,
+        }
+    except (TypeError, ValueError, RecursionError):  # a config JSON cannot hold (never from wandb)
+        return None
+    offset = framed.base + framed.last_end
+    closing = framed.skipped_summary(framed.skipped_at)
+    seg = _segment_of(decoded, path=path, log=log, size=offset, ref=ref, source=source,
+                      warnings=warnings + framing + ([closing] if closing else []))
+    return Resume(file=os.path.abspath(log), offset=offset, segment=seg, state=state)
 
 
 def _read_damaged(path: Path, *, log: Path, size: int, ref: str, source: str, warnings: list[str]) -> Segment:
@@ -830,35 +1117,51 @@ def _run_segment(batch: Any, *, path: Path, log: Path, size: int, ref: str, sour
                  warnings: list[str], strict: bool = False) -> Segment:
     """The Segment the decoded records make (``warnings`` are copied, not added to). ``strict``: a
     record part that does not decode is a DecodeError rather than a warning."""
+    return _segment_of(_decode(batch, strict=strict), path=path, log=log, size=size, ref=ref, source=source,
+                       warnings=warnings)
+
+
+def _segment_of(decoded: _Decoded, *, path: Path, log: Path, size: int, ref: str, source: str,
+                warnings: list[str]) -> Segment:
+    """The Segment of decoded records (``warnings``, the log's and its framing's, are copied)."""
     warnings = list(warnings)
-    series, hist_warnings = read_history(list(batch.history), strict=strict)
-    warnings += [f"{log.name}: {w}" for w in hist_warnings]
-    run, config, internal = _run_and_config(batch)
-    meta: dict[str, Any] = {"log": log.name, "log_bytes": size, "history_rows": len(batch.history),
-                            "summary": read_summary(list(batch.summary), strict=strict)}
-    if len(batch.exit):
-        meta["exit_code"] = batch.exit[-1].exit_code
-    if len(batch.preempting):
+    warnings += [f"{log.name}: {w}" for w in _history_warnings(decoded.rows.dropped, decoded.rows.missing)]
+    meta: dict[str, Any] = {"log": log.name, "log_bytes": size, "history_rows": decoded.history_rows,
+                            "summary": _summary_out(decoded.summary)}
+    if decoded.exit_code is not None:
+        meta["exit_code"] = decoded.exit_code
+    if decoded.preempted:
         meta["preempted"] = True
     folder_id = path.name.rsplit("-", 1)[-1]
     seg = Segment(kind="wandb-offline", ref=ref, source=source, run_id=folder_id, store=str(path.parent),
-                  series=series, config=config, warnings=warnings, meta=meta)
-    if run is None:
+                  series=dict(decoded.series), config=_copy_json(decoded.config), warnings=warnings, meta=meta)
+    if decoded.run is None:
         warnings.append(f"{log.name} has no run record (cut short at the start?): run id taken from "
                         "the folder name")
         return seg
-    _apply_run_record(seg, run, meta)
-    if internal:
-        meta["wandb"] = internal
+    _apply_run_record(seg, decoded.run, meta)
+    if decoded.internal:
+        meta["wandb"] = _copy_json(decoded.internal)
     return seg
 
 
-def _run_and_config(batch: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+def _copy_json(value: Any) -> Any:
+    """A copy of JSON data (dicts and lists copied, the rest shared): two Segments never share a
+    dict one of their users might change."""
+    if isinstance(value, dict):
+        return {k: _copy_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy_json(v) for v in value]
+    return value
+
+
+def _run_and_config(batch: Any, *, run: Any = None, config: dict[str, Any] | None = None,
+                    internal: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """The run record (the first one, completed by any later one, e.g. a server update), the config
-    its records and the config records build, and wandb's own ``_wandb`` config."""
-    config: dict[str, Any] = {}
-    internal: dict[str, Any] = {}
-    run: Any = None
+    its records and the config records build, and wandb's own ``_wandb`` config (going on from
+    ``run``, ``config`` and ``internal`` when given)."""
+    config = {} if config is None else config
+    internal = {} if internal is None else internal
     for r in batch.run:
         if run is None:
             run = type(r)()
