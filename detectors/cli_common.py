@@ -10,6 +10,7 @@ import contextlib
 import errno
 import functools
 import inspect
+import logging
 import os
 import secrets
 import stat
@@ -25,6 +26,7 @@ from rich.markup import escape
 
 from .boundaries import BoundaryConfig
 from .model import ScanResult
+from .parallel import ClusterUnreachable, Execution, check_cluster, default_jobs
 from .pipeline import ScanConfig, scan
 from .reference_reset import ReferenceResetConfig
 from .redact import redact_spec, scrub
@@ -44,6 +46,14 @@ LineageOpt = Annotated[Optional[Path], typer.Option("--lineage", help='JSON file
 ResetScoreOpt = Annotated[float, typer.Option("--reset-score", min=0.0, max=1.0, help="Score at or above which a boundary is a reference reset.")]
 MaxBytesOpt = Annotated[int, typer.Option("--max-read-bytes", min=1, help="Most bytes reading one SOURCE may take (files and server responses together).")]
 MaxSecondsOpt = Annotated[float, typer.Option("--max-read-seconds", min=0.001, help="Most wall time reading one SOURCE may take, however its server answers.")]
+JobsOpt = Annotated[Optional[int], typer.Option(
+    "--jobs", "-j", min=1, show_default=False,
+    help="Worker processes reading local files and judging runs (default: the machine's core count; "
+         "1: all in this process). Small scans stay in this process whatever it is.")]
+DaskOpt = Annotated[Optional[str], typer.Option(
+    "--dask", metavar="ADDRESS", show_default=False,
+    help="Read and judge on the Dask cluster whose scheduler is at ADDRESS (e.g. tcp://127.0.0.1:8786); "
+         "its workers must see local SOURCEs at the same paths. Needs klwatch[dask].")]
 JunitOpt = Annotated[Optional[Path], typer.Option("--junit", help="Also write JUnit XML (one test case per training run) to FILE.")]
 
 
@@ -60,21 +70,46 @@ class ScanOptions:
     reset_score: ResetScoreOpt = ReferenceResetConfig.reset_score
     max_read_bytes: MaxBytesOpt = ReadLimits.max_bytes
     max_read_seconds: MaxSecondsOpt = ReadLimits.max_seconds
+    jobs: JobsOpt = None
+    dask: DaskOpt = None
 
     def config(self, *, findings: bool = True) -> ScanConfig:
         """The one configuration object the pipeline takes (exits 2 naming the file when --lineage
-        cannot be read)."""
+        cannot be read, or the --dask scheduler when it cannot be reached: before any reading)."""
         lineage_map = None
         if self.lineage is not None:
             try:
                 lineage_map = load_lineage_file(str(self.lineage))
             except (OSError, ValueError) as exc:
                 error_exit(f"--lineage {self.lineage}: {exc}")
+        execution = Execution(jobs=self.jobs or default_jobs(), dask=self.dask or None)
+        if execution.dask:
+            _say_klwatch_warnings()
+            try:
+                check_cluster(execution.dask)
+            except ClusterUnreachable as exc:
+                error_exit(str(exc), clean=lambda m: scrub(m, [execution.dask or ""]))
         return ScanConfig(metrics=tuple(self.metric or ()), intentional_resets=tuple(self.intentional_reset or ()),
                           declared_restarts=tuple(self.restart or ()),
                           stitch=StitchConfig(group_by=self.group_by, lineage_map=lineage_map), boundaries=BoundaryConfig(),
                           reference_reset=ReferenceResetConfig(reset_score=self.reset_score), findings=findings,
-                          limits=ReadLimits(max_bytes=self.max_read_bytes, max_seconds=self.max_read_seconds))
+                          limits=ReadLimits(max_bytes=self.max_read_bytes, max_seconds=self.max_read_seconds),
+                          execution=execution)
+
+
+def _say_klwatch_warnings() -> None:
+    """Show the pipeline's log warnings (a Dask cluster lost mid-scan) as every other warning line."""
+    logger = logging.getLogger("klwatch")
+    if not any(isinstance(h, _SayHandler) for h in logger.handlers):
+        logger.addHandler(_SayHandler(logging.WARNING))
+        logger.propagate = False
+
+
+class _SayHandler(logging.Handler):
+    """A ``logging`` handler printing through ``say``."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        say("error" if record.levelno >= logging.ERROR else "warning", record.getMessage())
 
 
 def with_scan_options(command: Callable[..., None]) -> Callable[..., None]:

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field, replace
 from .boundaries import BoundaryConfig, Piece, infer_boundaries, split_segment
 from .metrics import choose_kl_metric, is_negated
 from .model import Finding, Lineage, LineageResult, ScanResult, Segment, Series, SourceError, SourceRead, cadence_of, extent_of
+from .parallel import Execution, read_one
 from .reference_reset import ReferenceResetConfig, ReferenceResetDetector
 from .sources import read_source, split_pattern
 from .sources.limits import ReadLimits
+from .sources.local import ReadUnit
 from .step_axis import step_axis_metric, to_framework_steps
 from .stitching import StitchConfig, starts_over, stitch
 
@@ -42,6 +44,9 @@ class ScanConfig:
     finding_configs: tuple[tuple[str, object], ...] = ()
     """``(detector name, its config)`` pairs for the finding detectors (e.g.
     ``("lr_schedule_restart", LrScheduleRestartConfig(min_jump=0.3))``); the others keep their defaults."""
+    execution: Execution = field(default_factory=Execution)
+    """Where the work runs (``--jobs``, ``--dask``): never what it finds. This process by default;
+    the command line uses every core."""
 
     def __post_init__(self) -> None:
         if self.finding_configs:  # a typo must not leave a detector silently at its defaults
@@ -198,27 +203,38 @@ def judge_lineage(lineage: Lineage, *, config: ScanConfig) -> LineageResult:
     return result
 
 
-def judge_reads(reads: Sequence[tuple[SourceRead, str | None]], *, config: ScanConfig) -> ScanResult:
+def judge_reads(reads: Sequence[tuple[SourceRead, str | None]], *, config: ScanConfig,
+                judge: Callable[[Sequence[Lineage]], list[LineageResult]] | None = None) -> ScanResult:
     """Stitch each read into training runs and judge those its ``#PATTERN`` keeps; a pattern that
     keeps none is an error of that SOURCE in the result. The reads are left as they were (the
-    dashboard and the watcher cache them)."""
-    results: list[LineageResult] = []
+    dashboard and the watcher cache them). Stitching is done here; ``judge`` judges the kept runs
+    in order (``judge_lineage`` on each by default; ``klwatch.parallel`` hands them to workers)."""
+    kept: list[Lineage] = []
     sources: list[SourceRead] = []
     for read, pattern in reads:
-        matched = 0
-        for lineage in build_lineages(read.segments, config=config):
-            if matches_pattern(pattern, lineage):
-                matched += 1
-                results.append(judge_lineage(lineage, config=config))
+        matched = [lin for lin in build_lineages(read.segments, config=config) if matches_pattern(pattern, lin)]
+        kept.extend(matched)
         if pattern and read.segments and not matched:
             read = replace(read, errors=[*read.errors, SourceError(read.spec, f"{read.spec}: no training run matches #{pattern}")])
         sources.append(read)
+    results = judge(kept) if judge is not None else [judge_lineage(lin, config=config) for lin in kept]
     return ScanResult(sources=sources, results=results)
 
 
 def scan(specs: Sequence[str], *, config: ScanConfig = ScanConfig(),
-         progress: Callable[[str], None] | None = None, read: Callable[[str], SourceRead] | None = None) -> ScanResult:
+         progress: Callable[[str], None] | None = None, read: Callable[[str], SourceRead] | None = None,
+         read_unit: ReadUnit | None = None) -> ScanResult:
     """Read, stitch and judge: the whole of ``klwatch scan`` (and of each ``klwatch watch`` poll,
-    which reads through its cache). Each SOURCE is read within ``config.limits``."""
-    read = read or functools.partial(read_source, limits=config.limits)
+    which reads through its cache). Each SOURCE is read within ``config.limits``.
+
+    ``read`` reads one whole SOURCE (the watcher's cache), in this process; otherwise local SOURCEs
+    are read unit by unit with ``read_unit`` (default ``sources.local.read_unit``; it must pickle
+    when ``config.execution`` hands units to worker processes or a Dask cluster)."""
+    if not config.execution.in_process:
+        from .parallel import scan_on_workers
+
+        return scan_on_workers(specs, config=config, progress=progress, read=read, read_unit=read_unit)
+    if read is None:
+        read = functools.partial(read_one, limits=config.limits, read_unit=read_unit) if read_unit is not None \
+            else functools.partial(read_source, limits=config.limits)
     return judge_reads(read_sources(specs, progress=progress, read=read), config=config)

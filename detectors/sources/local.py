@@ -243,41 +243,86 @@ def read_unit(unit: Unit, *, root: Path, spec: str) -> UnitRead:
     return UnitRead(segs)
 
 
+def unit_failed(unit: Unit, *, root: Path, spec: str, message: str) -> UnitRead:
+    """An error Segment naming the unit's file, as ``read_unit`` makes for a reader's failure: for a
+    unit whose read could not finish at all (its worker process died, a pluggable ``read_unit``
+    raised)."""
+    ref = _rel(unit.path, root if root.is_dir() else root.parent, spec)
+    return UnitRead([Segment(kind=unit.kind, ref=ref, source=spec, store=str(unit.path), error=f"{ref}: {message}")])
+
+
+@dataclass
+class LocalPlan:
+    """A local SOURCE once looked through: its units to read, and what the look already says (the
+    folders that could not be listed, what was skipped). ``read_local`` reads the units one after
+    another; ``klwatch.parallel`` hands them to worker processes and adds what they read back in the
+    same order, so both give the same SourceRead."""
+
+    spec: str
+    root: Path
+    units: list[Unit]
+    out: SourceRead
+
+
+def plan_local(spec: str) -> LocalPlan:
+    """Discover the units of a local SOURCE within the current budget (no units when the path cannot
+    be read or the bound passed while looking: ``out`` then holds the error)."""
+    root = Path(spec).expanduser()
+    out = SourceRead(spec=spec)
+    problem = _root_problem(root, spec)
+    if problem is not None:
+        out.errors.append(SourceError(spec, problem))
+        return LocalPlan(spec, root, [], out)
+    try:
+        units, errors = discover(root, spec=spec, warnings=out.warnings)
+    except LimitExceeded as exc:
+        out.errors.append(SourceError(spec, f"{exc}; stopped while looking for runs, nothing read"))
+        return LocalPlan(spec, root, [], out)
+    out.errors.extend(errors)
+    return LocalPlan(spec, root, units, out)
+
+
+def add_unit_read(plan: LocalPlan, unit: Unit, got: UnitRead) -> None:
+    """Add what reading one of the plan's units gave to its SourceRead (units are added in order)."""
+    out = plan.out
+    out.warnings.extend(got.warnings)
+    out.segments.extend(got.segments)
+    if not got.skipped and unit.kind not in out.kinds:
+        out.kinds.append(unit.kind)
+
+
+def stop_at_bound(plan: LocalPlan, message: str, *, done: int, unit: Unit) -> None:
+    """The SOURCE's read bound passed at ``unit`` (the ``done``-th): one error naming the bound and its
+    flag; what was read before it is kept, the rest is not read."""
+    plan.out.errors.append(SourceError(plan.spec, f"{message}; stopped there: {done} of {len(plan.units)} files or "
+                                                  f"run folders read, the rest not", ref=str(unit.path)))
+
+
+def finish_local(plan: LocalPlan) -> SourceRead:
+    """The SourceRead of a plan whose units were all added (or stopped at the bound)."""
+    out = plan.out
+    if not out.segments and not out.errors:
+        out.errors.append(SourceError(plan.spec, f"{plan.spec}: no runs found (no W&B run folders, MLflow stores, "
+                                                 "TensorBoard event files, tables or checkpoint folders)"))
+    return out
+
+
 def read_local(spec: str, *, read_unit: ReadUnit = read_unit) -> SourceRead:
     """Read every run a local file or folder holds.
 
     ``read_unit`` reads one discovered unit; the watcher passes one that serves unchanged units from
     its cache, so both read a tree the same way. When the SOURCE's read bound is passed, reading
     stops there with one error naming the bound and its flag; what was read before it is kept."""
-    root = Path(spec).expanduser()
-    out = SourceRead(spec=spec)
-    problem = _root_problem(root, spec)
-    if problem is not None:
-        out.errors.append(SourceError(spec, problem))
-        return out
-    try:
-        units, errors = discover(root, spec=spec, warnings=out.warnings)
-    except LimitExceeded as exc:
-        out.errors.append(SourceError(spec, f"{exc}; stopped while looking for runs, nothing read"))
-        return out
-    out.errors.extend(errors)
-    for done, unit in enumerate(units):
+    plan = plan_local(spec)
+    for done, unit in enumerate(plan.units):
         try:
             current_budget().check_time(str(unit.path))
-            got = read_unit(unit, root=root, spec=spec)
+            got = read_unit(unit, root=plan.root, spec=spec)
         except LimitExceeded as exc:
-            out.errors.append(SourceError(spec, f"{exc}; stopped there: {done} of {len(units)} files or "
-                                                f"run folders read, the rest not", ref=str(unit.path)))
+            stop_at_bound(plan, str(exc), done=done, unit=unit)
             break
-        out.warnings.extend(got.warnings)
-        out.segments.extend(got.segments)
-        if not got.skipped and unit.kind not in out.kinds:
-            out.kinds.append(unit.kind)
-
-    if not out.segments and not out.errors:
-        out.errors.append(SourceError(spec, f"{spec}: no runs found (no W&B run folders, MLflow stores, "
-                                            "TensorBoard event files, tables or checkpoint folders)"))
-    return out
+        add_unit_read(plan, unit, got)
+    return finish_local(plan)
 
 
 def _root_problem(root: Path, spec: str) -> str | None:
