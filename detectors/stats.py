@@ -31,6 +31,32 @@ def floored_log(x: np.ndarray | float, eps: float) -> np.ndarray:
     return np.log(np.clip(x, 0.0, None) + eps)
 
 
+SLIDING_MEDIAN_FILTER_MIN = 4096
+"""From this many points on, ``sliding_median`` uses scipy's rank filters (O(n log w) in C) instead of
+numpy's partition of every window (a long run's finding detectors spent seconds there)."""
+
+
+def sliding_median(x: np.ndarray, w: int) -> np.ndarray:
+    """``np.median(sliding_window_view(x, w), axis=1)``: m[j] = median(x[j:j+w]), the very same numbers.
+
+    A median of finite numbers picks the middle element (odd ``w``) or averages the two middle ones
+    (even ``w``) exactly as numpy does, so long series go through ``scipy.ndimage`` rank filters,
+    whose full windows sit at ``w // 2`` past each window's start."""
+    x = np.asarray(x, dtype=np.float64)
+    if len(x) < max(SLIDING_MEDIAN_FILTER_MIN, w) or w < 2 or not np.isfinite(x).all():
+        from numpy.lib.stride_tricks import sliding_window_view
+
+        return np.median(sliding_window_view(x, w), axis=1)
+    from scipy.ndimage import rank_filter
+
+    inner = slice(w // 2, w // 2 + len(x) - w + 1)
+    if w % 2:
+        return rank_filter(x, rank=w // 2, size=w, mode="nearest")[inner]
+    lower = rank_filter(x, rank=w // 2 - 1, size=w, mode="nearest")[inner]
+    upper = rank_filter(x, rank=w // 2, size=w, mode="nearest")[inner]
+    return (lower + upper) / 2
+
+
 def mad(x: np.ndarray) -> float:
     """The median absolute deviation around the median (0 for no points)."""
     x = np.asarray(x)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from klwatch.stats import FIRST_DIFF_SCALE, diff_noise, pooled_diff_noise, robust_sigma, robust_sigma_about_zero
 
@@ -42,3 +46,18 @@ def test_robust_sigma_about_zero_ignores_one_spike():
     x = rng.normal(0.0, 0.5, 2000)
     x[7] = 1e6
     assert robust_sigma_about_zero(x) == pytest.approx(0.5, rel=0.1)
+
+
+@settings(max_examples=60, deadline=None, derandomize=bool(os.environ.get("CI")))
+@given(n=st.integers(1, 9000), w=st.integers(1, 40), seed=st.integers(0, 2**31), ties=st.booleans())
+def test_sliding_median_is_numpys_median_of_every_window(n: int, w: int, seed: int, ties: bool) -> None:
+    """Long series go through scipy's rank filters: the very same numbers as numpy's median per window."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    from klwatch.stats import sliding_median
+
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 5, n).astype(float) if ties else rng.standard_cauchy(n)
+    if w > n:
+        return
+    np.testing.assert_array_equal(sliding_median(x, w), np.median(sliding_window_view(x, w), axis=1))

@@ -47,7 +47,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ..model import Boundary, Finding, Lineage, LineageResult, Series
 from ..metrics import GRAD_NORM, LOSS, LR, MetricFamily, find_metric
-from ..stats import FIRST_DIFF_SCALE, floored_log, mad, pooled_diff_noise
+from ..stats import FIRST_DIFF_SCALE, floored_log, mad, pooled_diff_noise, sliding_median
 from .base import (FindingDetector, around, before_after, fmt, history, piece_series, pooled_values,
                    restored_values)
 
@@ -324,7 +324,7 @@ class OptimizerStateLost(FindingDetector[OptimizerStateLostConfig]):
         W = self.config.window_before
         if len(v) < W + k:
             return np.empty(0)
-        pre = np.median(sliding_window_view(v, W), axis=1)[: len(v) - W - k + 1]  # pre[j] = median(v[j:j+W])
+        pre = sliding_median(v, W)[: len(v) - W - k + 1]  # pre[j] = median(v[j:j+W])
         post = np.mean(sliding_window_view(v, k), axis=1)[W:]  # post[j] = mean(v[j+W:j+W+k])
         se = noise * np.sqrt(1.0 / k + MEDIAN_VARIANCE / W)
         return (post - pre) / se

@@ -58,12 +58,11 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from ..declarations import reference_schedules, touched_steps
 from ..model import Finding, Lineage, LineageResult, Series
 from ..metrics import COUNTERS, GRAD_NORM, KL_COEF, LOSS, LR, MetricFamily, find_metrics, kl_candidates
-from ..stats import floored_log, pooled_diff_noise, robust_sigma
+from ..stats import floored_log, pooled_diff_noise, robust_sigma, sliding_median
 from .base import FindingDetector, fmt
 
 KL, ENTROPY, REWARD = "kl", "entropy", "reward"
@@ -316,13 +315,13 @@ class SuspectedRestart(FindingDetector[SuspectedRestartConfig]):
         the median step-to-step change over ``trend_points`` points around the step (fewer near the
         piece's ends): a median of many changes is steady, and still ignores the jump itself."""
         w = self.config.window
-        med = np.median(sliding_window_view(x, w), axis=1)  # med[j] = median(x[j:j+w])
+        med = sliding_median(x, w)  # med[j] = median(x[j:j+w])
         n = len(x) - 2 * w + 1
         dx = np.diff(x)
-        trend = np.median(sliding_window_view(dx, 2 * w - 1), axis=1)[:n]  # over x[i-w:i+w]
+        trend = sliding_median(dx, 2 * w - 1)[:n]  # over x[i-w:i+w]
         h = max(self.config.trend_points // 2, w)
         if h > w and len(dx) >= 2 * h - 1:
-            wide = np.median(sliding_window_view(dx, 2 * h - 1), axis=1)  # wide[k]: over x[k:k+2h]
+            wide = sliding_median(dx, 2 * h - 1)  # wide[k]: over x[k:k+2h]
             i = np.arange(w, w + n)
             ok = (i - h >= 0) & (i - h < len(wide))
             trend = trend.copy()
@@ -350,8 +349,8 @@ class SuspectedRestart(FindingDetector[SuspectedRestartConfig]):
         if len(x) - w + 1 <= start:
             return []
         d = self._statistic(x=x)
-        med = np.median(sliding_window_view(x, w), axis=1)
-        raw_med = np.median(sliding_window_view(raw, w), axis=1)
+        med = sliding_median(x, w)
+        raw_med = sliding_median(raw, w)
         open_x = None
         if opening is not None:
             open_x = float(np.median(self._transform_like(values=opening, sig=sig)))
