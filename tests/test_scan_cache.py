@@ -211,3 +211,27 @@ def test_the_default_cache_folder_follows_klwatch_cache_dir(tmp_path: Path, monk
     assert scan_cache.default_cache_dir() == tmp_path / "here"
     monkeypatch.delenv("KLWATCH_CACHE_DIR")
     assert "klwatch" in str(scan_cache.default_cache_dir())
+
+
+def test_a_grown_wandb_log_is_read_on_from_where_the_cache_stopped(cache: ScanCache, tmp_path: Path,
+                                                                    monkeypatch) -> None:
+    import klwatch.sources.wandb_log as wandb_log
+
+    src = next((SAMPLES / "wandb").rglob("*.wandb")).parent
+    run = tmp_path / "runs" / src.name
+    shutil.copytree(src, run)
+    (log,) = run.glob("*.wandb")
+    data = log.read_bytes()
+    cut = int(len(data) * 0.6)
+    log.write_bytes(data[:cut])  # the run as a live writer had it: cut inside a record
+    first = read_local(str(tmp_path / "runs"), read_unit=cache.read_unit)
+    assert first.segments and not first.segments[0].error
+    with open(log, "ab") as f:
+        f.write(data[cut:])
+    starts = []
+    real = wandb_log.read_regular
+    monkeypatch.setattr(wandb_log, "read_regular", lambda p, **k: starts.append(k.get("start", 0)) or real(p, **k))
+    got = read_local(str(tmp_path / "runs"), read_unit=cache.read_unit)
+    assert len(starts) == 1 and 0 < starts[0] <= cut
+    monkeypatch.undo()
+    assert_same_read(got, read_local(str(tmp_path / "runs")))
