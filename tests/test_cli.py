@@ -161,6 +161,33 @@ def test_help_does_not_import_the_heavy_libraries():
     assert "Usage" in out.stdout and out.stdout.splitlines()[-1] == "[]"
 
 
+@pytest.mark.parametrize("args", [["--help"], ["scan", "--help"], ["check", "--help"]])
+def test_help_does_not_import_the_process_pool_or_dask(args):
+    """``--jobs`` and ``--dask`` cost nothing until a scan uses them: ``distributed`` loads only for
+    ``--dask``, the process pool only when a scan starts one."""
+    heavy = ["distributed", "dask", "concurrent.futures.process", "multiprocessing.pool"]
+    code = (f"import sys; from klwatch.cli import main; sys.argv = ['klwatch', *{args!r}]\n"
+            "try:\n    main()\nexcept SystemExit as exc:\n    assert exc.code == 0, exc.code\n"
+            f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("command", ["scan", "check"])
+def test_scan_and_check_list_jobs_and_dask_in_their_help(command):
+    out = klwatch(command, "--help")
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())  # help wraps its lines
+    assert "--jobs" in text and "--dask ADDRESS" in text and "the machine's core count" in text
+
+
+def test_jobs_below_one_is_a_usage_error():
+    out = klwatch("scan", "sample_runs/tensorboard/", "--jobs", "0")
+    assert out.returncode == 2
+    assert "--jobs" in out.stderr
+
+
 def test_error_messages_with_brackets_are_printed_verbatim(tmp_path):
     out = klwatch("scan", tmp_path / "[exp]" / "missing")
     assert out.returncode == 2
