@@ -7,11 +7,17 @@ again) or, for a remote tracker, a short time bucket; the source's runs, stitche
 ``pipeline.judge_reads``, also on the whole configuration (the metric choice and the thresholds: a
 routine pause inside one tracker piece stays a boundary only where the thresholds judge the KL
 reset, so even stitching depends on them). Moving a threshold slider therefore re-judges without
-reading anything. The fleet is judged without the other resume-integrity detectors (``findings``,
-several times the cost of the KL verdicts, and not part of the fleet table): the run view asks for
-the open run's findings and the JSON export for everyone's, each run judged again by
-``pipeline.judge_lineage`` with ``findings`` on. Nothing here decides a verdict: it calls
-``klwatch.pipeline``.
+reading anything. The fleet is judged first without the other resume-integrity detectors
+(``findings``, several times the cost of the KL verdicts), so the table shows at once; each source's
+runs are then judged again by ``pipeline.judge_lineage`` with ``findings`` on in a background thread
+(``findings_job``, cached like the rest), and the table gains its finding badges and the shown status
+``ok, with findings`` when that is done. The run view takes the open run's findings from that job, or
+judges the one run itself when the job is not done yet. Nothing here decides a verdict or a finding:
+it calls ``klwatch.pipeline`` (and ``klwatch.comparison`` for a control run).
+
+A page's cost is bounded whatever the fleet: a run is opened by itself only within ``POINT_BUDGET``
+points, figures are drawn within a point cap per panel (``charts.PANEL_POINTS``) and cached
+(``figure_cached``).
 
 What leaves this module for the page is safe to show: a source is named redacted (``redact_spec``) in
 run keys and the fleet table, errors are scrubbed, and the JSON export is the report with every spec
@@ -425,24 +431,33 @@ def run_labels(fleet: Fleet) -> dict[str, str]:
     """Each run as the page names it: its name, and where two runs share one, the trackers and the
     SOURCE (redacted) too, so a W&B and an MLflow run of one name can be told apart."""
     names = Counter(r.lineage.name for r in fleet.scan.results)
-    sources: dict[str, set[str]] = {}
-    for spec, r in zip(fleet.source_of, fleet.scan.results):
-        sources.setdefault(r.lineage.name, set()).add(spec)
     out: dict[str, str] = {}
     for key, spec, r in zip(fleet.keys, fleet.source_of, fleet.scan.results):
         name = r.lineage.name
         if names[name] > 1:
             trackers = ", ".join(dict.fromkeys(s.kind for s in r.lineage.segments)) or "no tracker"
-            name = f"{name} · {trackers}"
-            if len(sources[r.lineage.name]) > 1:
-                where = redact_spec(spec)
-                name += f" · {Path(where).name if not is_remote(where) and Path(where).name else where}"
+            name = f"{name} · {trackers} · {_store_label(spec, r.lineage)}"
         out[key] = name
     seen: Counter[str] = Counter(out.values())
     for key, r in zip(fleet.keys, fleet.scan.results):
         if seen[out[key]] > 1:  # same name, trackers and source: the lineage id tells them apart
             out[key] = f"{out[key]} · {r.lineage.id}"
     return out
+
+
+def _store_label(spec: str, lin: Lineage) -> str:
+    """Where a run was read: its store (an MLflow database and experiment, a W&B folder, a server)
+    relative to the SOURCE folder when under it, else the SOURCE; redacted either way."""
+    store = next((s.store for s in lin.segments if s.store), None)
+    base = split_pattern(spec)[0]
+    if store and not is_remote(store) and not is_remote(base) and "://" not in store:
+        path, _, experiment = store.partition("#")
+        try:
+            rel = str(Path(path).resolve().relative_to(Path(base).expanduser().resolve()))
+        except (ValueError, OSError):
+            rel = Path(path).name
+        return f"{rel}#{experiment}" if experiment else rel
+    return redact_spec(store or spec)
 
 
 def tracker_link(lin: Lineage) -> tuple[str, str] | None:

@@ -87,6 +87,10 @@ def test_the_page_badges_filters_and_draws_what_a_finding_cites(monkeypatch: pyt
     assert not at.exception
     counts = [m.value for m in at.markdown if "-badge[" in m.value][0]
     assert ":violet-badge[ok, with findings: **1**]" in counts
+    at.text_input(key="search").input("FIXED").run()  # the run search: any part of the name, any case
+    assert list(at.dataframe(key="fleet_table").value["run"]) == ["grpo-resume-fixed"]
+    assert at.query_params.get("q") in (["FIXED"], "FIXED")
+    at.text_input(key="search").input("").run()
     at.multiselect(key="finding_filter").set_value(["lr_schedule_restart"]).run()
     table = at.dataframe(key="fleet_table").value
     assert list(table["run"]) == ["grpo-lr-restart"]
