@@ -199,7 +199,8 @@ def run_figure(result: LineageResult, *, linked: Sequence[str] = (), max_points:
 
     Each boundary is a vertical line through all panels, coloured and labelled with its verdict and
     score; the windows the detector compared are shaded on the KL panel (before in grey, after in
-    the verdict's colour; never narrower than a sliver of the axis, and named in the legend). Each
+    the verdict's colour; never narrower than a sliver of the axis, widened away from the boundary,
+    and named in the legend). Each
     finding is marked at its step on the panel of the series it cites. Panels below share one x
     axis (so one hover reads every panel at that step) and show ``linked`` series. With ``control``
     (and the ``comparison`` the core made of the two), the control run's KL is drawn over the KL
@@ -375,7 +376,7 @@ def _boundary_marks(result: LineageResult, annotations: list[dict], *, on_panel:
                     xs: XAxis | None = None, min_width: float = 0.0, colors: dict | None = None) -> list[dict]:
     """Every boundary's line and verdict label (added to ``annotations``; labels alternate in height
     so neighbours do not overlap) and, with ``shade``, the KL windows its verdict compared, each at
-    least ``min_width`` wide (centred where it was narrower) so it shows on a long run."""
+    least ``min_width`` wide (widened away from the boundary) so it shows on a long run."""
     xs = xs or XAxis("step", result.lineage.pieces)
     colors = colors or THEMES["light"]
     shapes: list[dict] = []
@@ -394,8 +395,9 @@ def _boundary_marks(result: LineageResult, annotations: list[dict], *, on_panel:
                             "borderpad": 2, "hovertext": f"step {step}: {plot_text(v.explanation)}"})
         if not shade:
             continue
-        for window, fill, piece in ((v.window_before, colors["before"], v.boundary.piece_index - 1),
-                                    (v.window_after, _rgba(color, colors["after_alpha"]), v.boundary.piece_index)):
+        for window, fill, piece, before in ((v.window_before, colors["before"], v.boundary.piece_index - 1, True),
+                                            (v.window_after, _rgba(color, colors["after_alpha"]), v.boundary.piece_index,
+                                             False)):
             if not window:
                 continue
             lo, hi = xs.at(window[0], piece), xs.at(window[1], piece)
@@ -403,9 +405,8 @@ def _boundary_marks(result: LineageResult, annotations: list[dict], *, on_panel:
                 continue
             if xs.kind == "step" and lo == hi:
                 lo, hi = lo - 0.5, hi + 0.5
-            if hi - lo < min_width:
-                mid = (lo + hi) / 2
-                lo, hi = mid - min_width / 2, mid + min_width / 2
+            if hi - lo < min_width:  # widened away from the boundary: the two windows never cover each other
+                lo, hi = (hi - min_width, hi) if before else (lo, lo + min_width)
             shapes.append({"type": "rect", "xref": "x", "yref": "y domain", "x0": lo, "x1": hi, "y0": 0,
                            "y1": 1, "fillcolor": fill, "line": {"width": 0}, "layer": "below"})
     return shapes

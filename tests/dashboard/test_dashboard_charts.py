@@ -206,6 +206,9 @@ def test_compared_windows_stay_visible_on_a_long_run_and_are_named_in_the_legend
     stretched = charts.run_figure(result, x_range=(-100_000, 100_000))  # as on a run 200,000 steps long
     rects = [s for s in stretched.layout.shapes if s.type == "rect"]
     assert rects and all(r.x1 - r.x0 >= 200_000 * charts.MIN_WINDOW_FRACTION - 1e-6 for r in rects)
+    for v in result.verdicts:  # widened away from the boundary: before stays left of it, after right of it
+        assert any(r.x1 == v.window_before[1] and r.x1 < v.boundary.step for r in rects)
+        assert any(r.x0 == v.window_after[0] and r.x0 >= v.boundary.step for r in rects)
     assert [t.name for t in stretched.data if t.legendgroup == "windows"] == [
         "KL compared before the resume", "KL compared after (verdict colour)"]
     zoomed = charts.run_figure(result, x_range=(1, 100))
