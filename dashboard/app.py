@@ -438,7 +438,8 @@ def show_fleet(fleet: data.Fleet, config: ScanConfig, findings: dict[str, list[F
     df = df.sort_values(["status", "worst score"], key=lambda c: c.map(order) if c.name == "status" else -c.fillna(-1))
     df = df.reset_index(drop=True)
     st.session_state["_table_keys"] = list(df["key"])
-    styled = df.style.map(lambda s: f"color: {charts.STATUS_COLORS.get(s, '#888')}; font-weight: 600", subset=["status"])
+    theme = _theme()
+    styled = df.style.map(lambda s: f"color: {charts.status_color(s, theme)}; font-weight: 600", subset=["status"])
     st.dataframe(
         styled, key="fleet_table", placeholder="-", on_select=_pick_from_table,
         selection_mode=["single-row", "single-cell"], hide_index=True,

@@ -31,8 +31,12 @@ from klwatch.reference_reset import ReferenceResetConfig
 
 VERDICT_COLORS = {"reference_reset": "#d62728", "ok": "#2ca02c", "intentional": "#1f77b4", "inconclusive": "#ff9f1c"}
 FINDING_COLOR = "#9467bd"
-STATUS_COLORS = {**VERDICT_COLORS, "error": "#7f0000", "no_kl_metric": "#8c8c8c", "kl_disabled": "#b0b0b0",
-                 "insufficient_data": "#bcbd22", "ok, with findings": FINDING_COLOR}
+STATUS_COLORS = {**VERDICT_COLORS, "error": "#7f0000", "no_kl_metric": "#7a7a7a", "kl_disabled": "#8c8c8c",
+                 "insufficient_data": "#8f9015", "ok, with findings": FINDING_COLOR}
+DARK_STATUS_COLORS = {**STATUS_COLORS, "reference_reset": "#ff6b6b", "error": "#ff8a80", "intentional": "#64b5f6",
+                      "ok": "#5cd65c", "ok, with findings": "#c3a3ef", "no_kl_metric": "#b0b0b0", "kl_disabled": "#9e9e9e",
+                      "insufficient_data": "#d4d52a"}
+"""Status text on a dark page: the same hues, light enough to read (dark red on near-black is not)."""
 PART_COLOR = "#e377c2"
 THEMES = {
     "light": {"before": "rgba(110,110,110,0.18)", "control": "#555555", "after_alpha": 0.18, "raw_alpha": 0.22},
@@ -42,6 +46,11 @@ THEMES = {
 VERDICT_LABELS = {"reference_reset": "RESET", "ok": "ok", "intentional": "intentional", "inconclusive": "?"}
 PIECE_COLORS = ["#4c72b0", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd",
                 "#c44e52"]
+
+def status_color(status: str, theme: str = "light") -> str:
+    """The colour a status is written in, for the page's theme."""
+    return (DARK_STATUS_COLORS if theme == "dark" else STATUS_COLORS).get(status, "#888")
+
 
 def _env_points(name: str, default: int) -> int:
     try:

@@ -227,3 +227,18 @@ def test_a_control_run_is_overlaid_with_the_step_where_they_part(fleet: data.Fle
     (label,) = [a for a in fig.layout.annotations if "parted at step" in (a.text or "")]
     assert label.x == cmp.part_step
     assert any(s.type == "line" and s.x0 == cmp.part_step and s.line.color == charts.PART_COLOR for s in fig.layout.shapes)
+
+
+def test_every_status_reads_on_both_themes() -> None:
+    def luminance(hex_color: str) -> float:
+        rgb = [int(hex_color.lstrip("#")[i:i + 2], 16) / 255 for i in (0, 2, 4)]
+        lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    def contrast(a: float, b: float) -> float:
+        return (max(a, b) + 0.05) / (min(a, b) + 0.05)
+
+    backgrounds = {"light": luminance("#ffffff"), "dark": luminance("#0e1117")}  # Streamlit's page backgrounds
+    for theme, background in backgrounds.items():
+        for status in [s for s in charts.STATUS_COLORS if s != "inconclusive"]:  # a verdict, never a run's status
+            assert contrast(luminance(charts.status_color(status, theme)), background) >= 2.5, (theme, status)
