@@ -278,7 +278,9 @@ def fleet_findings(fleet: Fleet, *, config: ScanConfig, wait: float = 0.0) -> tu
     """Every run's findings that are ready (by run key), and whether some are still being computed.
 
     Starts the background job of each source that has none (``findings_job``), waits at most ``wait``
-    seconds for them, and never blocks longer: the page shows what is there and asks again.
+    seconds for them, and never blocks longer: the page shows what is there and asks again. Jobs still
+    queued for another configuration (a slider moved since) are dropped, so moving a slider five times
+    does not queue five fleets' worth of work before the one shown.
     """
     if not config.findings:
         return {}, False
@@ -289,7 +291,15 @@ def fleet_findings(fleet: Fleet, *, config: ScanConfig, wait: float = 0.0) -> tu
         if not lineages:
             continue
         fp = fleet.fingerprints[spec]
-        jobs[spec] = _jobs_started[(spec, fp, key)] = findings_job(spec, fp, key, lineages, config)
+        job = findings_job(spec, fp, key, lineages, config)
+        if job.cancelled():  # queued for a configuration left behind, then dropped: queue it again
+            findings_job.clear(spec, fp, key, lineages, config)
+            job = findings_job(spec, fp, key, lineages, config)
+        jobs[spec] = _jobs_started[(spec, fp, key)] = job
+    current = set(jobs.values())
+    for started, job in list(_jobs_started.items()):  # a slider moved on: drop what still waits for the old one
+        if job not in current and job.cancel():
+            del _jobs_started[started]
     if wait > 0 and jobs:
         wait_futures(list(jobs.values()), timeout=wait)
     out: dict[str, list[Finding]] = {}

@@ -103,3 +103,23 @@ def test_the_page_badges_filters_and_draws_what_a_finding_cites(monkeypatch: pyt
     assert at.multiselect(key=f"linked::{key}").value[0] == "train/lr"  # the cited series, drawn first
     spec = json.loads(at.get("plotly_chart")[-1].proto.spec)
     assert [a["text"] for a in spec["layout"]["annotations"] if a["text"].startswith("◆")] == ["◆ lr_schedule_restart"]
+
+
+def test_findings_queued_for_a_threshold_left_behind_are_dropped(fleet_dir: Path) -> None:
+    import threading
+
+    gate = threading.Event()
+    blocker = data._FINDINGS_POOL.submit(gate.wait, 30)  # hold the one worker: every job below stays queued
+    try:
+        old = ScanConfig(reference_reset=ReferenceResetConfig(reset_score=0.91))
+        new = ScanConfig(reference_reset=ReferenceResetConfig(reset_score=0.92))
+        data.fleet_findings(data.load_fleet([str(fleet_dir)], config=old), config=old)
+        (queued,) = [j for k, j in data._jobs_started.items() if k[2] == data.config_key(old)]
+        data.fleet_findings(data.load_fleet([str(fleet_dir)], config=new), config=new)
+        assert queued.cancelled()
+    finally:
+        gate.set()
+        blocker.result()
+    fleet = data.load_fleet([str(fleet_dir)], config=old)
+    found, pending = data.fleet_findings(fleet, config=old, wait=60)  # going back to it queues it again
+    assert not pending and len(found) == 4
