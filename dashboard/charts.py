@@ -194,8 +194,9 @@ def _trace(series: Series, *, x: np.ndarray, name: str, color: str, segment: str
         return trace
     trace["customdata"] = _wall_strings(series.wall_times, len(series)) if len(series) else None
     trace["text"] = series.steps  # the step, whatever the x axis is (not drawn: the mode has no text)
-    trace["hovertemplate"] = (f"<b>{plot_text(metric)}</b> %{{y:.4g}}<br>step %{{text}} · %{{customdata}}"
-                              f"<br>{plot_text(segment)}<extra></extra>")
+    # one line per trace: the unified hover lists every panel's trace at that step
+    trace["hovertemplate"] = (f"<b>{plot_text(metric)}</b> %{{y:.4g}} · step %{{text}} · %{{customdata}}"
+                              f" · {plot_text(segment)}<extra></extra>")
     return trace
 
 
