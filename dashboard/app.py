@@ -705,6 +705,6 @@ def main() -> None:
     sync_url(run=run_key, launch=launch)
 
 
-FINDINGS_WAIT_SECONDS = 1.0  # a page load waits this long for the fleet's findings, then draws and polls
+FINDINGS_WAIT_SECONDS = 0.3  # a page load waits at most this long for the fleet's findings, then draws and polls
 
 main()
