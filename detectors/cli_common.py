@@ -102,7 +102,6 @@ def _say_klwatch_warnings() -> None:
     logger = logging.getLogger("klwatch")
     if not any(isinstance(h, _SayHandler) for h in logger.handlers):
         logger.addHandler(_SayHandler(logging.WARNING))
-        logger.propagate = False
 
 
 class _SayHandler(logging.Handler):

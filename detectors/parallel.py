@@ -345,7 +345,12 @@ class _Dask:
     def __init__(self, client: Any, *, address: str) -> None:
         self.client = client
         self.address = address
-        self.window = max(8, 4 * sum((client.nthreads() or {}).values()))
+        try:
+            threads = sum((client.nthreads() or {}).values())
+        except Exception as exc:  # noqa: BLE001 - a client whose scheduler is already gone
+            raise _ClusterLost(_clean(f"{type(exc).__name__}: {exc}", address)) from exc
+        self.window = max(8, 4 * threads)
+        """Tasks handed out ahead: enough for every thread of the cluster."""
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:

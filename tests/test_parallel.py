@@ -298,7 +298,7 @@ def dask_scheduler():
     """A real Dask cluster on loopback: its scheduler and one worker of two threads in this process."""
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, protocol="tcp",
-                                  host="127.0.0.1", dashboard_address=None) as cluster:
+                                  host="127.0.0.1", dashboard_address="127.0.0.1:0") as cluster:
         yield cluster.scheduler_address
 
 
@@ -360,3 +360,23 @@ def test_a_scan_whose_cluster_cannot_be_reached_is_done_in_this_process_with_a_w
         result = _scan([tree], Execution(dask=f"tcp://127.0.0.1:{_closed_port()}"))
     assert _report(result) == _report(_scan([tree], HERE))
     assert any("cannot reach the Dask scheduler" in r.getMessage() for r in caplog.records)
+
+
+def test_a_cluster_lost_during_the_scan_is_said_and_the_scan_finishes_here_with_the_same_report(
+        dask_scheduler: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch) -> None:
+    import klwatch.parallel as parallel
+
+    real_connect = parallel.connect
+
+    def connect_then_lose(address: str, **kw: object):
+        client = real_connect(address, **kw)
+        client.close()  # gone before the first task, as a scheduler that died would be
+        return client
+
+    monkeypatch.setattr(parallel, "connect", connect_then_lose)
+    tree = str(fixture_tree(tmp_path / "runs"))
+    with caplog.at_level("WARNING", logger="klwatch"):
+        result = _scan([tree], Execution(dask=dask_scheduler))
+    assert _report(result) == _report(_scan([tree], HERE))
+    [record] = [r for r in caplog.records if r.name == "klwatch"]
+    assert f"the Dask cluster at {dask_scheduler} was lost during the scan" in record.getMessage()
