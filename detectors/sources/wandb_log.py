@@ -30,9 +30,10 @@ import json
 import os
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import count, repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 CHUNK_SEEDS = [zlib.crc32(bytes([t])) for t in range(5)]
 VALUE_TAG = b"\x82\x01"  # item field 16 (value_json), wire type 2
 NUMERIC_START = frozenset(b"-0123456789IN")  # how a JSON number (or Infinity/NaN) can begin
+_NUMERIC_BYTES = np.frombuffer(bytes(sorted(NUMERIC_START)), dtype=np.uint8)
 MAX_WARNINGS = 5
 
 
@@ -85,6 +87,8 @@ def _schemas() -> dict[str, Any]:
     message("Step", "int64 num = 1")
     message("HistoryStep", "Step step = 2")
     message("ItemList", "repeated bytes item = 1")
+    message("Empty")
+    message("ItemCount", "repeated Empty item = 1")
     message("Flat", "repeated bytes key = 1", "repeated bytes nested_key = 2", "repeated sint64 integer = 5",
             "repeated double number = 6", "repeated bytes json = 8", "repeated bytes value_json = 16")
     message("Summary", "repeated bytes update = 1", "repeated bytes remove = 2")
@@ -99,7 +103,9 @@ def _schemas() -> dict[str, Any]:
             "bool resumed = 18", "int32 runtime = 20", "bool forked = 22", "BranchPoint branch_point = 23",
             "bool resume = 24")
     message("Exit", "int32 exit_code = 1", "int32 runtime = 2")
-    message("Empty")
+    # History records whose items all merge into one Flat (a message field that is not repeated
+    # merges every occurrence): a whole history's keys and values in one parse.
+    message("FlatRows", "Flat item = 1")
     # Record's record_type oneof members we read. As a batch over many concatenated Records every
     # member is repeated (order kept); history and summary records are kept as bytes.
     message("Batch", "repeated bytes history = 2", "repeated bytes summary = 3", "repeated Config config = 5",
@@ -230,13 +236,14 @@ class _Unframer:
         stays a tight loop over locals."""
         data, append, at = self.data, self.out.append, self.offsets.append
         unpack, crc32, seed_full = _CHUNK_HEADER.unpack_from, zlib.crc32, CHUNK_SEEDS[FULL]
-        count, base = len(self.out), self.base
-        while pos + CHUNK_HEADER <= limit:
+        count, base, last_header = len(self.out), self.base, limit - CHUNK_HEADER
+        while pos <= last_header:
             crc, length, ctype = unpack(data, pos)
-            end = pos + CHUNK_HEADER + length
-            if ctype != FULL or end > limit:
+            start = pos + 7  # CHUNK_HEADER, FULL: literals, as globals cost a lookup per record
+            end = start + length
+            if ctype != 1 or end > limit:
                 break
-            payload = data[pos + CHUNK_HEADER:end]
+            payload = data[start:end]
             if crc32(payload, seed_full) != crc:
                 break
             append(payload)
@@ -497,6 +504,35 @@ class Items:
             return self._plain_keys
         return not self.odd
 
+    @classmethod
+    def flat_rows(cls, joined: bytes, nrows: int) -> tuple[Items, np.ndarray] | None:
+        """The items of ``nrows`` history records joined with ``ROW_MARK`` before each, parsed
+        straight into one ``Flat`` (no list of items, no second join), and the row marks; None
+        unless it reads exactly as ``Items(..., marks=...)`` reads the listed items on its fast
+        path: every item parses alone, with one ``nested_key`` and one ``value_json``, and the
+        items keyed like a row mark are the ``nrows`` row marks."""
+        try:
+            flat = _msg("FlatRows").FromString(joined).item
+            n = len(_msg("ItemCount").FromString(joined).item)
+        except DecodeError:
+            return None
+        if (len(flat.nested_key) != n or len(flat.value_json) != n or len(flat.key)
+                or len(flat.number) or len(flat.integer) or len(flat.json)):
+            return None
+        self = cls.__new__(cls)
+        self.raws, self.typed, self._prefixed, self.flat, self.odd = [], True, False, True, False
+        keys = list(flat.nested_key)
+        code_of = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+        self.codes = np.fromiter(map(code_of.__getitem__, keys), dtype=np.int64, count=n)
+        marks = self.codes == code_of.get(b"\xfe", -1)
+        self._values = np.empty(n, dtype=object)
+        self._values[:] = list(flat.value_json)
+        if int(marks.sum()) != nrows or not (self._values[marks] == b"\xfe").all():
+            return None
+        self.names = [k.decode("utf-8", "replace") or None for k in code_of]
+        self._plain_keys = all(k == b"\xfe" or _plain_key(k) for k in code_of)
+        return self, marks
+
     def _try_flat(self, marks: np.ndarray | None) -> bool:
         flat = _msg("Flat")()
         try:
@@ -560,6 +596,26 @@ class Items:
                 body[i], present[i] = value, True
         return body, present
 
+    def floats(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``json_floats(*self.values(idx))``: the values at ``idx`` as floats, and which are numbers.
+
+        On the fast path the values are bytes already, and Python's ``float`` reads them straight
+        from the object array (no fixed-width copy first): for every value that begins like a JSON
+        number it accepts exactly what numpy's parse (with ``float`` after it) accepts, to the same
+        double. Any value it refuses (a trailing NUL, which the copy would have dropped, or no
+        number at all) sends the column the careful way."""
+        if self._prefixed:
+            return json_floats(*self.values(idx))
+        raw = self._values[idx]
+        first = raw.astype("S1").view(np.uint8)
+        numeric = np.isin(first, _NUMERIC_BYTES)
+        out = np.zeros(len(raw), dtype=np.float64)
+        try:
+            out[numeric] = raw[numeric].astype(np.float64)
+        except (ValueError, TypeError):
+            return json_floats(*self.values(idx))
+        return out, numeric
+
     def groups(self) -> dict[str, np.ndarray]:
         """Key -> positions of its items, in logged order."""
         if not len(self.codes):
@@ -591,7 +647,7 @@ def json_floats(arr: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.nd
     if not n or arr.dtype.itemsize == 0:
         return out, np.zeros(n, dtype=bool)
     first = arr.view(np.uint8).reshape(n, arr.dtype.itemsize)[:, 0]
-    numeric = np.isin(first, np.frombuffer(bytes(NUMERIC_START), dtype=np.uint8)) & present
+    numeric = np.isin(first, _NUMERIC_BYTES) & present
     idx = slice(None) if numeric.all() else np.flatnonzero(numeric)
     try:
         out[idx] = arr[idx].astype(np.float64)
@@ -629,20 +685,25 @@ def _decode_rows(rows: list[bytes], *, strict: bool = False, prev: float = -1.0,
     were (``Items``)."""
     if not rows:
         return _Rows([], {}, last_step=prev)
-    listing, rows, dropped = _parse_joined(rows, "ItemList", sep=ROW_MARK, strict=strict)
-    nrows = len(rows)
-    raws = list(listing.item)
-    del listing
-    mark = np.fromiter(map(ROW_MARK_ITEM.__eq__, raws), dtype=bool, count=len(raws))
+    nrows, dropped = len(rows), 0
+    got = None if split else Items.flat_rows(ROW_MARK + ROW_MARK.join(rows), nrows)
+    if got is not None:
+        items, mark = got
+    else:
+        listing, rows, dropped = _parse_joined(rows, "ItemList", sep=ROW_MARK, strict=strict)
+        nrows = len(rows)
+        raws = list(listing.item)
+        del listing
+        mark = np.fromiter(map(ROW_MARK_ITEM.__eq__, raws), dtype=bool, count=len(raws))
+        items = Items(raws, typed=True, marks=mark, split=split)
     row_of = np.cumsum(mark) - 1
-    items = Items(raws, typed=True, marks=mark, split=split)
 
     columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # key -> (rows, floats) of numeric items
     for key, idx in items.groups().items():
         idx = idx[~mark[idx]]
         if not len(idx):
             continue
-        floats, ok = json_floats(*items.values(idx))
+        floats, ok = items.floats(idx)
         columns[key] = (row_of[idx[ok]], floats[ok])
 
     def per_row(key: str) -> np.ndarray:
@@ -717,64 +778,155 @@ def _record_step(row: bytes) -> int | None:
     return h.step.num if h.HasField("step") and h.step.num else None
 
 
-def _fold(raws: list[bytes]) -> dict[str, Any]:
-    """Summary items -> key: value after all of them (a later item wins). ``dict`` does the fold:
-    items of one key share the bytes before their value, so the last position per prefix is the
-    answer; each distinct prefix is decoded once."""
+def _fold(raws: Sequence[bytes]) -> dict[str, Any]:
+    """Summary items -> key: value after all of them (a later item wins)."""
+    return _fold_items(raws)[0]
+
+
+def _fold_items(raws: Sequence[bytes]) -> tuple[dict[str, Any], dict[str, bytes], bool]:
+    """``_fold``, with the prefix under which each key first appears and whether any item had to
+    be parsed fully (its key goes after all the others).
+
+    ``dict`` does the fold: items of one key share the bytes before their value, so the last
+    position per prefix is the answer (found in one pass of C calls, no list of the parts kept);
+    each distinct prefix is decoded once."""
     if not raws:
-        return {}
-    parts = list(map(bytes.partition, raws, repeat(VALUE_TAG)))
-    pres = [p for p, _, _ in parts]
-    last = dict(zip(pres, range(len(pres))))
+        return {}, {}, False
+    last = dict(zip(map(_first, map(bytes.partition, raws, repeat(VALUE_TAG))), count()))
     found: dict[str, tuple[int, Any]] = {}
+    first_prefix: dict[str, bytes] = {}
     odd: set[bytes] = set()
     for pre, i in last.items():
         key = _prefix_key(pre)
-        if key is None or not parts[i][1]:  # no plain key before a value_json tag: parse fully
+        _, tag, v = raws[i].partition(VALUE_TAG)
+        if key is None or not tag:  # no plain key before a value_json tag: parse fully
             odd.add(pre)
             continue
-        v = parts[i][2]
+        first_prefix.setdefault(key, pre)
         if key not in found or found[key][0] < i:
             found[key] = (i, v[1:] if v and len(v) - 1 == v[0] else _value_bytes(v))
-    for i in ([j for j, p in enumerate(pres) if p in odd] if odd else []):
-        key, value = _slow_item(raws[i], typed=False)
-        if key is not None and (key not in found or found[key][0] < i):
-            found[key] = (i, value)
-    return {k: v for k, (_, v) in found.items()}
+    if odd:
+        for i, raw in enumerate(raws):
+            if raw.partition(VALUE_TAG)[0] not in odd:
+                continue
+            key, value = _slow_item(raw, typed=False)
+            if key is not None and (key not in found or found[key][0] < i):
+                found[key] = (i, value)
+    return {k: v for k, (_, v) in found.items()}, first_prefix, bool(odd)
+
+
+_first = itemgetter(0)
 
 
 def read_summary(records: list[bytes], *, strict: bool = False) -> dict[str, Any]:
     """The run summary after every update and removal (``SummaryRecord`` bytes, in order), nested
     keys joined with '.'. Records that do not decode are left out (``strict``: a DecodeError)."""
-    return _summary_out(_fold_summary({}, False, records, strict=strict)[0])
+    return _summary_out(_fold_summary(None, records, strict=strict).final)
 
 
-def _fold_summary(final: dict[str, Any], removed: bool, records: list[bytes], *, strict: bool = False
-                  ) -> tuple[dict[str, Any], bool]:
-    """``final`` (key -> JSON value bytes, or None: the summary after the records before) after
-    ``records``, and whether any record so far removed a key (``removed``).
+@dataclass
+class _Summary:
+    """The summary folded so far, and what folding more records onto it needs."""
+
+    final: dict[str, Any]
+    """Key -> JSON value bytes (or None), every key, ``_wandb`` ones too, in a whole read's order."""
+    removed: bool = False
+    """Some record removed a key: a whole read replays the records one by one."""
+    witness: dict[str, bytes] | None = None
+    """Key -> the record that puts it where it is in ``final`` (the first to set it, or to set it
+    again after a removal), for the keys a Segment shows (not wandb's ``_wandb`` ones); None when
+    not kept (a read that cannot be gone on from)."""
+    odd: bool = False
+    """An item was read fully in a batch fold: its key goes after all others, wherever it came."""
+
+
+def _fold_summary(before: _Summary | None, records: list[bytes], *, strict: bool = False,
+                  witness: bool = False) -> _Summary:
+    """The summary after ``before`` (the records before these; None: none) and ``records``
+    (``SummaryRecord`` bytes, in order); ``witness``: keep which record puts each key where it is.
 
     Only the last copy of a record that repeats byte for byte can matter (every key it sets or
     removes is set or removed again by the later copy), so repeats (wandb-core's runtime updates)
     are dropped first. Concatenated, the records parse as one ``Summary`` whose updates are in order.
+    Records that do not decode are left out (``strict``: a DecodeError).
     """
-    merged, distinct, _ = _parse_joined(list(dict.fromkeys(reversed(records)))[::-1], "Summary", strict=strict)
-    final = dict(final)
-    if not len(merged.remove):  # the usual case: the last update of a key wins
-        final.update(_fold(list(merged.update)))
-        return final, removed
-    for rec in _each_decoded(distinct, "Summary", strict=strict):  # a key was removed: replay record by record
-        final.update(_fold(list(rec.update)))
+    kept = list(dict.fromkeys(reversed(records)))[::-1]
+    joined, dropped = b"".join(kept), 0
+    merged = _msg("Summary")()
+    try:
+        merged.ParseFromString(joined)
+    except DecodeError:  # as _parse_joined: the records that decode alone
+        if strict:
+            raise
+        kept, dropped = _decodable(kept, "Summary")
+        joined = b"".join(kept)
+        merged.ParseFromString(joined)
+    before = before or _Summary({}, witness={} if witness else None)
+    final = dict(before.final)
+    wit = None if before.witness is None or dropped else dict(before.witness)
+    if not len(merged.remove) and not before.removed:  # the usual case: the last update of a key wins
+        folded, first_prefix, odd = _fold_items(merged.update)  # the repeated field itself: no list of it
+        if wit is not None:
+            new = {k: first_prefix[k] for k in folded if k not in final and _shown(k) and k in first_prefix}
+            found = _first_records(kept, joined, list(new.values()))
+            wit = None if found is None else {**wit, **{k: found[p] for k, p in new.items()}}
+        final.update(folded)
+        return _Summary(final, False, wit, before.odd or odd)
+    for raw in kept:  # a key was removed: replay record by record
+        try:
+            rec = _msg("Summary").FromString(raw)
+        except DecodeError:
+            if strict:
+                raise
+            continue
+        folded = _fold(list(rec.update))
+        if wit is not None:
+            wit.update({k: raw for k in folded if k not in final and _shown(k)})
+        final.update(folded)
         for k in _fold(list(rec.remove)):
             final.pop(k, None)
-    return final, True
+            if wit is not None:
+                wit.pop(k, None)
+    return _Summary(final, True, wit, before.odd)
+
+
+def _shown(key: str) -> bool:
+    """A summary key a Segment shows (``_summary_out``): where the others fall in the fold matters not."""
+    return not key.startswith("_wandb")
+
+
+def _first_records(records: list[bytes], joined: bytes, prefixes: list[bytes]) -> dict[bytes, bytes] | None:
+    """For each item prefix (in the order they first appear), the first of ``records`` holding an
+    item under it: found by searching the joined records for the prefix and its value tag (C
+    speed), each hit checked against the items of the record it falls in (a hit may lie inside a
+    longer prefix). None if one is not found. ``joined``: the records joined."""
+    out: dict[bytes, bytes] = {}
+    ri, start, end = 0, 0, len(records[0]) if records else 0
+    for pre in prefixes:
+        at = start
+        while True:
+            at = joined.find(pre + VALUE_TAG, at)
+            if at < 0:
+                return None
+            while end <= at:
+                ri += 1
+                start, end = end, end + len(records[ri])
+            try:
+                items = _msg("Summary").FromString(records[ri]).update
+            except DecodeError:
+                return None
+            if any(item.partition(VALUE_TAG)[0] == pre for item in items):
+                break
+            at += 1
+        out[pre] = records[ri]
+    return out
 
 
 def _summary_out(final: dict[str, Any]) -> dict[str, Any]:
     """The summary as a Segment holds it: JSON values decoded, wandb's own ``_wandb`` keys left out."""
     out: dict[str, Any] = {}
     for k, v in final.items():
-        if k.startswith("_wandb") or v is None:
+        if not _shown(k) or v is None:
             continue
         try:
             out[k] = json.loads(v) if isinstance(v, bytes) else v
@@ -973,9 +1125,7 @@ class _Decoded:
     series: dict[str, Series]
     names: list[str]
     history_rows: int
-    summary: dict[str, Any]
-    """Key -> JSON value bytes (or None), every key, ``_wandb`` ones too (``_fold_summary``)."""
-    removed: bool
+    summary: _Summary
     run: Any
     config: dict[str, Any]
     internal: dict[str, Any]
@@ -988,10 +1138,10 @@ def _decode(batch: Any, *, strict: bool = False) -> _Decoded:
     """A log's records, parsed as one batch (``strict``: a record part that does not decode is a
     DecodeError rather than a warning)."""
     rows = _decode_rows(list(batch.history), strict=strict)
-    summary, removed = _fold_summary({}, False, list(batch.summary), strict=strict)
+    summary = _fold_summary(None, list(batch.summary), strict=strict, witness=strict)
     run, config, internal = _run_and_config(batch)
     return _Decoded(rows=rows, series={k: _series(*c) for k, c in rows.columns.items()}, names=rows.names,
-                    history_rows=len(batch.history), summary=summary, removed=removed, run=run,
+                    history_rows=len(batch.history), summary=summary, run=run,
                     config=config, internal=internal, config_records=len(batch.config),
                     exit_code=batch.exit[-1].exit_code if len(batch.exit) else None,
                     preempted=bool(len(batch.preempting)))
@@ -1000,8 +1150,10 @@ def _decode(batch: Any, *, strict: bool = False) -> _Decoded:
 def _decode_on(batch: Any, *, state: dict[str, Any], before: Segment) -> _Decoded | None:
     """The records after a Resume's offset (``batch``) added to what the records before it made
     (``state``, ``before``), strictly; None when the sum could differ from decoding all of them
-    at once: history items read another way than the ones before, or a run record after config
-    records (a whole read applies every run record's config before any config record)."""
+    at once: history items read another way than the ones before, a run record after config
+    records (a whole read applies every run record's config before any config record), or a
+    summary record that placed a key coming again (a whole read drops all but a record's last
+    copy, so the key would stand where that copy stands)."""
     if len(batch.run) and state["config_records"]:
         return None
     flat = state["flat"]
@@ -1010,15 +1162,21 @@ def _decode_on(batch: Any, *, state: dict[str, Any], before: Segment) -> _Decode
     if not rows.regular or (flat is True and rows.flat is False):
         return None
     series, names = _append_rows(before.series, state["names"], rows)
-    summary, removed = _fold_summary({k: None if v is None else bytes.fromhex(v) for k, v in state["summary"]},
-                                     state["removed"], list(batch.summary), strict=True)
+    witnesses = [bytes.fromhex(w) for w in state["witnesses"]]
+    records = list(batch.summary)
+    if not set(witnesses).isdisjoint(records):
+        return None
+    so_far = _Summary({k: None if v is None else bytes.fromhex(v) for k, v, _ in state["summary"]},
+                      state["removed"], {k: witnesses[w] for k, _, w in state["summary"] if w is not None})
+    summary = _fold_summary(so_far, records, strict=True, witness=True)
     run = _msg("Run").FromString(bytes.fromhex(state["run"])) if state["run"] is not None else None
     run, config, internal = _run_and_config(batch, run=run, config=json.loads(state["config"]),
                                             internal=json.loads(state["internal"]))
     totals = _Rows(names, {}, nrows=state["rows"] + rows.nrows, missing=state["missing"] + rows.missing,
                    last_step=rows.last_step, flat=flat if rows.flat is None else rows.flat, regular=True)
-    return _Decoded(rows=totals, series=series, names=names, history_rows=state["history_rows"] + len(batch.history),
-                    summary=summary, removed=removed, run=run, config=config, internal=internal,
+    return _Decoded(rows=totals, series=series, names=names,
+                    history_rows=state["history_rows"] + len(batch.history), summary=summary, run=run,
+                    config=config, internal=internal,
                     config_records=state["config_records"] + len(batch.config),
                     exit_code=batch.exit[-1].exit_code if len(batch.exit) else state["exit_code"],
                     preempted=state["preempted"] or bool(len(batch.preempting)))
@@ -1029,17 +1187,22 @@ def _resume(decoded: _Decoded, *, path: Path, log: Path, ref: str, source: str, 
     """Where the next read of the log goes on (after the last whole record ``framed`` took), with
     the Segment the bytes before it make and the state to go on from; None when the records
     were not read the way one can go on from (``Items.regular``)."""
-    rows = decoded.rows
-    if not rows.regular or any(not isinstance(k, str) for k in decoded.names):
+    rows, summary = decoded.rows, decoded.summary
+    if (not rows.regular or any(not isinstance(k, str) for k in decoded.names) or summary.odd
+            or summary.witness is None or set(summary.witness) != set(filter(_shown, summary.final))):
         return None
+    witnesses = list(dict.fromkeys(summary.witness.values()))
+    wid = {w: i for i, w in enumerate(witnesses)}
     framing = framing + framed.warnings[:framed.warned_at]
     try:
         state = {
             "version": STATE_VERSION, "records": framed.records, "skipped": framed.skipped_at,
             "framing_warnings": framing, "history_rows": decoded.history_rows, "rows": rows.nrows,
             "names": decoded.names, "last_step": float(rows.last_step).hex(), "missing": rows.missing,
-            "flat": rows.flat, "summary": [[k, None if v is None else v.hex()] for k, v in decoded.summary.items()],
-            "removed": decoded.removed, "config": json.dumps(decoded.config),
+            "flat": rows.flat, "removed": summary.removed, "witnesses": [w.hex() for w in witnesses],
+            "summary": [[k, None if v is None else v.hex(), wid[summary.witness[k]] if _shown(k) else None]
+                        for k, v in summary.final.items()],
+            "config": json.dumps(decoded.config),
             "internal": json.dumps(decoded.internal), "config_records": decoded.config_records,
             "run": None if decoded.run is None else decoded.run.SerializeToString().hex(),
             "exit_code": decoded.exit_code, "preempted": decoded.preempted,
@@ -1127,7 +1290,7 @@ def _segment_of(decoded: _Decoded, *, path: Path, log: Path, size: int, ref: str
     warnings = list(warnings)
     warnings += [f"{log.name}: {w}" for w in _history_warnings(decoded.rows.dropped, decoded.rows.missing)]
     meta: dict[str, Any] = {"log": log.name, "log_bytes": size, "history_rows": decoded.history_rows,
-                            "summary": _summary_out(decoded.summary)}
+                            "summary": _summary_out(decoded.summary.final)}
     if decoded.exit_code is not None:
         meta["exit_code"] = decoded.exit_code
     if decoded.preempted:

@@ -32,7 +32,8 @@ from hypothesis import strategies as st
 from klwatch.model import Segment
 from klwatch.sources import wandb_log
 from klwatch.sources.resume import Resume
-from klwatch.sources.wandb_log import BLOCK, CHUNK_HEADER, FULL, _unframe, read_wandb_run_dir, read_wandb_run_dir_since
+from klwatch.sources.wandb_log import (BLOCK, CHUNK_HEADER, FULL, _unframe, read_wandb_run_dir,
+                                       read_wandb_run_dir_since)
 from segment_equality import assert_same_segment
 from wandb_framing import frame_wandb_log
 
@@ -171,8 +172,11 @@ def _cold(folder: Path) -> Segment:
 
 
 def _same_as_copy(got: Segment, want: Segment) -> None:
-    """``assert_same_segment`` of reads of two copies of a log (``store`` names the folder a log is in)."""
+    """``assert_same_segment`` of reads of two copies of a log (``store`` names the folder a log is in),
+    and their dicts' keys in the same order (a JSON dump of either is the same)."""
     assert_same_segment(got, dataclasses.replace(want, store=got.store))
+    assert list(got.meta) == list(want.meta) and list(got.config) == list(want.config)
+    assert list(got.meta["summary"]) == list(want.meta["summary"]), "summary keys in another order"
 
 
 def _with_log(tmp: Path, folder: Path, data: bytes) -> Path:
@@ -201,8 +205,7 @@ def test_each_live_read_equals_a_whole_read_of_the_same_bytes(live: LiveRuns, tm
             _same_as_copy(poll.resume.segment,
                           _cold(_with_log(tmp_path / f"{label}{i}r", folder, data[:poll.resume.offset])))
             if i:  # read on from the last read: only the bytes after its offset
-                before = polls[i - 1].resume
-                assert poll.reads == [(before.offset, size - before.offset)]
+                _assert_read_on(poll.reads, polls[i - 1].resume, size, _run_start(data))
             for key, s in poll.segment.series.items():
                 n = len(s.steps)
                 assert s.steps.tolist() == final.series[key].steps[:n].tolist()
@@ -243,6 +246,24 @@ def _record_bounds(data: bytes) -> list[int]:
     return [*framed.offsets, framed.last_end]
 
 
+def _run_start(data: bytes) -> int:
+    """Where a log's second history record ends: before it, wandb-core's first runtime record may
+    still be the one that places ``_runtime`` in the summary, and it comes again (identical) until
+    the runtime's first second is over. A whole read places the key by the record's last copy, so
+    a read on from there reads the whole log (the only time a read on of a sound log does)."""
+    framed = _unframe(data, "log")
+    rows = [i for i, r in enumerate(framed.out) if wandb_log._msg("Batch").FromString(r).history]
+    return _record_bounds(data)[rows[1] + 1] if len(rows) > 1 else len(data)
+
+
+def _assert_read_on(calls: list[tuple[int, int]], since: Resume, size: int, run_start: int) -> None:
+    """A read on from ``since`` read only the bytes after its offset (or, in a run's first moments,
+    see ``_run_start``, those and then the whole log)."""
+    on = (since.offset, size - since.offset)
+    assert calls == [on] or (since.offset < run_start and calls == [on, (0, size)]), \
+        f"a read on from byte {since.offset} read {calls}"
+
+
 class Reads:
     """``read_regular`` as the reader calls it, recorded: where each read of the log starts and how much
     it returns (the proof that a read on touches only the new bytes)."""
@@ -261,7 +282,8 @@ class Reads:
 
 def _check_resume(folder: Path, data: bytes, cuts: list[int], whole: Segment, reads: Reads, tmp: Path) -> None:
     """Write ``data`` up to each cut in turn, reading on from the last read each time: each read on
-    reads only from the last offset, and the last read gives exactly the whole read."""
+    reads only from the last offset (``_assert_read_on``), and the last read gives exactly the
+    whole read."""
     copy = _with_log(tmp, folder, b"")
     log = copy / _log(folder).name
     since: Resume | None = None
@@ -270,7 +292,7 @@ def _check_resume(folder: Path, data: bytes, cuts: list[int], whole: Segment, re
         reads.calls.clear()
         [seg], resume = read_wandb_run_dir_since(copy, ref="r", source="s", since=since)
         if since is not None:
-            assert reads.calls == [(since.offset, cut - since.offset)], "a read on read bytes before its offset"
+            _assert_read_on(reads.calls, since, cut, _run_start(data))
         assert resume is not None
         json.dumps(resume.state, allow_nan=False)  # plain JSON, persisted by the scan cache
         since = Resume(resume.file, resume.offset, resume.segment, json.loads(json.dumps(resume.state)))
@@ -441,3 +463,22 @@ def test_a_copy_of_the_finished_logs_reads_on_with_no_change(live: LiveRuns, tmp
         [again], resume2 = read_wandb_run_dir_since(run, ref="r", source="s", since=resume)
         assert_same_segment(again, seg)
         assert resume is not None and resume2 is not None and resume2.offset == resume.offset
+
+
+def test_items_read_one_by_one_give_no_resume_and_the_next_read_is_whole(tmp_path: Path) -> None:
+    """Typed history values (the pre-core writer) are read item by item, which places their keys
+    after all others: a read on could not know where, so there is no Resume to go on from."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    records = [pb.Record(run=pb.RunRecord(run_id="typed1")).SerializeToString()]
+    for step in range(3):
+        h = pb.HistoryRecord()
+        h.item.add(nested_key=["_step"], value_json=str(step))
+        h.item.add(nested_key=["t"], number=0.25 * step)
+        records.append(pb.Record(history=h).SerializeToString())
+    folder = tmp_path / "run-20260101_000000-typed1"
+    folder.mkdir()
+    (folder / "run-typed1.wandb").write_bytes(frame_wandb_log(records))
+    [seg], resume = read_wandb_run_dir_since(folder, ref="r", source="s", since=None)
+    assert resume is None and seg.series["t"].values.tolist() == [0.0, 0.25, 0.5]
+    assert_same_segment(seg, _cold(folder))
