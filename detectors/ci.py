@@ -18,8 +18,8 @@ from typing import Annotated, Optional
 import numpy as np
 import typer
 
-from .cli_common import (JunitOpt, ScanOptions, SourcesArg, check_outputs, error_exit, run_scan, say, with_scan_options,
-                         write_output)
+from .cli_common import (CacheDirOpt, CacheSizeOpt, JunitOpt, NoCacheOpt, ScanOptions, SourcesArg, check_outputs,
+                         error_exit, open_cache, run_scan, say, with_scan_options, write_output)
 from .model import BoundaryVerdict, Finding, LineageResult, ScanResult
 from .pipeline import ScanConfig, scan
 from .redact import scrub
@@ -268,6 +268,9 @@ def check_command(
     options: ScanOptions,
     junit: JunitOpt = None,
     fail_on: FailOnOpt = None,
+    no_cache: NoCacheOpt = False,
+    cache_dir: CacheDirOpt = None,
+    cache_size: CacheSizeOpt = "2GB",
 ) -> None:
     """For CI: silent when all is well; one line per reset (GitHub annotations under Actions) and exit 1.
 
@@ -280,7 +283,8 @@ def check_command(
         error_exit(f"{exc}")
     config = options.config()
     check_outputs({"--junit": junit})
-    result = run_scan(sources, config, show_progress=False)
+    cache = open_cache(sources, no_cache=no_cache, cache_dir=cache_dir, cache_size=cache_size)
+    result = run_scan(sources, config, show_progress=False, cache=cache)
     found = problems(result, fail_on=names)
     _print_problems(result, found, github=os.environ.get("GITHUB_ACTIONS") == "true")
     summary = os.environ.get("GITHUB_STEP_SUMMARY")

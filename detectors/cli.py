@@ -17,8 +17,9 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from . import __version__
-from .cli_common import (JunitOpt, ScanOptions, SourcesArg, check_outputs, error_exit, report_errors, run_scan,
-                         tolerant_std_streams, with_scan_options, write_output)
+from .cli_common import (CacheDirOpt, CacheSizeOpt, JunitOpt, NoCacheOpt, ScanOptions, SourcesArg, check_outputs,
+                         error_exit, open_cache, report_errors, run_scan, tolerant_std_streams, with_scan_options,
+                         write_output)
 from .model import ScanResult
 from .redact import scrub
 from .report import exit_code, junit_xml, printable, render_markdown, render_table, to_json
@@ -53,13 +54,17 @@ def scan_command(
     options: ScanOptions,
     junit: JunitOpt = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to FILE instead of stdout.")] = None,
+    no_cache: NoCacheOpt = False,
+    cache_dir: CacheDirOpt = None,
+    cache_size: CacheSizeOpt = "2GB",
 ) -> None:
     """Read every run in the sources, rebuild each training run's resume history, judge every resume boundary."""
     if fmt not in ("table", "json", "markdown"):
         error_exit(f"--format must be table, json or markdown, not {fmt!r}")
     config = options.config()
     check_outputs({"--output": output, "--junit": junit})
-    result = run_scan(sources, config)
+    cache = open_cache(sources, no_cache=no_cache, cache_dir=cache_dir, cache_size=cache_size)
+    result = run_scan(sources, config, cache=cache)
     report_errors(result)
     if output is not None:
         write_output(output, _report_text(result, fmt), flag="--output")

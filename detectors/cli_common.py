@@ -54,6 +54,15 @@ DaskOpt = Annotated[Optional[str], typer.Option(
     "--dask", metavar="ADDRESS", show_default=False,
     help="Read and judge on the Dask cluster whose scheduler is at ADDRESS (e.g. tcp://127.0.0.1:8786); "
          "its workers must see local SOURCEs at the same paths. Needs klwatch[dask].")]
+NoCacheOpt = Annotated[bool, typer.Option(
+    "--no-cache", help="Read every file afresh, and keep nothing in the scan cache.")]
+CacheDirOpt = Annotated[Optional[Path], typer.Option(
+    "--cache-dir", metavar="DIR", show_default=False,
+    help="Where the scan cache lives (default: KLWATCH_CACHE_DIR, else the user's cache folder); "
+         "never inside a SOURCE.")]
+CacheSizeOpt = Annotated[str, typer.Option(
+    "--cache-size", metavar="SIZE", help="Most the scan cache may hold (e.g. 500MB, 2GB); the least recently "
+                                         "used entries go first.")]
 JunitOpt = Annotated[Optional[Path], typer.Option("--junit", help="Also write JUnit XML (one test case per training run) to FILE.")]
 
 
@@ -141,22 +150,66 @@ def with_scan_options(command: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
-def run_scan(sources: list[str], config: ScanConfig, *, show_progress: bool = True) -> ScanResult:
+def open_cache(sources: list[str], *, no_cache: bool, cache_dir: Path | None, cache_size: str) -> Any:
+    """The scan cache the options ask for (a ``klwatch.scan_cache.ScanCache``), or None: with
+    ``--no-cache``, or (with a warning saying why) when its folder cannot be used or lies inside a
+    SOURCE, where it would be written into the user's run folders. A bad ``--cache-size`` exits 2."""
+    from .scan_cache import CacheUnusable, ScanCache, default_cache_dir, parse_size
+    from .sources import split_pattern
+
+    try:
+        max_bytes = parse_size(cache_size)
+    except ValueError as exc:
+        error_exit(f"--cache-size: {exc}")
+    if no_cache:
+        return None
+    folder = (cache_dir.expanduser() if cache_dir is not None else default_cache_dir()).absolute()
+    for spec in sources:
+        base, _ = split_pattern(spec)
+        if base.startswith(("wandb://", "mlflow://", "mlflow+http://", "mlflow+https://")):
+            continue
+        root = Path(base).expanduser().absolute()
+        if root.is_dir() and (folder == root or root in folder.parents):
+            say("warning", f"the scan cache folder {folder} lies inside the SOURCE {spec}: not used (it would be "
+                           "written into your run folders; give --cache-dir elsewhere)")
+            return None
+    try:
+        return ScanCache.open(folder, max_bytes=max_bytes)
+    except CacheUnusable as exc:
+        say("warning", f"scan cache not used: {exc}")
+        return None
+
+
+def run_scan(sources: list[str], config: ScanConfig, *, show_progress: bool = True, cache: Any = None) -> ScanResult:
     """Scan with a progress bar on stderr when it takes more than a moment; the bar names each SOURCE
-    as it may be shown (no credentials, no control characters, no markup)."""
+    as it may be shown (no credentials, no control characters, no markup). Through ``cache`` (a
+    ``ScanCache``) when given: an unchanged scan is reused whole, unchanged files are not read again."""
     if not sources:
         error_exit("give at least one SOURCE")
+    key = cache.scan_key(sources, config) if cache is not None else None
+    reused = cache.load_scan(key) if key is not None else None
+    if reused is not None:
+        return reused
+    # on a Dask cluster the files are read on its machines: the cache folder is this machine's
+    read_unit = cache.read_unit if cache is not None and not config.execution.dask else None
     if not show_progress or not err.is_terminal:
-        return scan(sources, config=config)
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        result = scan(sources, config=config, read_unit=read_unit)
+    else:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    def shown(spec: str) -> str:
-        return escape(printable(scrub(redact_spec(spec))))
+        def shown(spec: str) -> str:
+            return escape(printable(scrub(redact_spec(spec))))
 
-    with Progress(SpinnerColumn(), TextColumn("reading {task.description}"), TimeElapsedColumn(),
-                  console=err, transient=True) as progress:
-        task = progress.add_task("", total=None)
-        return scan(sources, config=config, progress=lambda spec: progress.update(task, description=shown(spec)))
+        with Progress(SpinnerColumn(), TextColumn("reading {task.description}"), TimeElapsedColumn(),
+                      console=err, transient=True) as progress:
+            task = progress.add_task("", total=None)
+            result = scan(sources, config=config, read_unit=read_unit,
+                          progress=lambda spec: progress.update(task, description=shown(spec)))
+    if cache is not None:
+        if key is not None and not result.any_error:  # a read bound passed (time) need not pass again
+            cache.store_scan(key, result)
+        cache.prune()
+    return result
 
 
 def say(level: str, message: str, *, clean: Callable[[str], str] = scrub) -> None:

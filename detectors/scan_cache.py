@@ -351,6 +351,8 @@ class ScanCache:
         from .sources.limits import Budget, reading
         from .sources.local import discover
 
+        if hasattr(config, "execution"):  # where the work runs (--jobs, --dask) never changes what it finds
+            config = dataclasses.replace(config, execution=type(config.execution)())
         parts: list[Any] = [FORMAT, _code_version(), repr(config), list(specs)]
         with reading(Budget(config.limits, what="the scan cache")):
             for spec in specs:

@@ -23,6 +23,15 @@ settings.register_profile("klwatch-ci", parent=settings.get_profile("klwatch"), 
 settings.load_profile("klwatch-ci" if os.environ.get("CI") else "klwatch")
 
 
+@pytest.fixture(autouse=True)
+def private_scan_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test its own, empty scan cache (``KLWATCH_CACHE_DIR``, inherited by the klwatch processes it
+    starts): a test never writes the user's cache, nor sees what another test's scans left there."""
+    folder = tmp_path_factory.mktemp("scan-cache")
+    monkeypatch.setenv("KLWATCH_CACHE_DIR", str(folder))
+    return folder
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Boot the mlflow server in the background as soon as we know a selected test needs it:
     its ~10 s start then overlaps the tests that run before."""

@@ -5,8 +5,11 @@ of the user's run folders."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -235,3 +238,58 @@ def test_a_grown_wandb_log_is_read_on_from_where_the_cache_stopped(cache: ScanCa
     assert len(starts) == 1 and 0 < starts[0] <= cut
     monkeypatch.undo()
     assert_same_read(got, read_local(str(tmp_path / "runs")))
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+KLWATCH = [sys.executable, "-m", "klwatch.cli"]
+
+
+def klwatch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*KLWATCH, *map(str, args)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def report_without_date(path: Path) -> dict:
+    doc = json.loads(path.read_text())
+    doc.pop("generated_at", None)
+    return doc
+
+
+def test_scan_reuses_an_unchanged_scan_and_gives_the_report_a_fresh_scan_gives(tmp_path: Path,
+                                                                                private_scan_cache: Path) -> None:
+    runs = tmp_path / "runs"
+    shutil.copytree(SAMPLES / "tensorboard", runs)
+    before = tree_state(runs)
+    fresh = klwatch("scan", runs, "--format", "json", "-o", tmp_path / "fresh.json", "--no-cache")
+    assert not list(private_scan_cache.rglob("*.arrow")) and not list(private_scan_cache.rglob("*.pickle"))
+    first = klwatch("scan", runs, "--format", "json", "-o", tmp_path / "first.json")
+    assert list(private_scan_cache.rglob("*.arrow")) and len(list(private_scan_cache.rglob("*.pickle"))) == 1
+    again = klwatch("scan", runs, "--format", "json", "-o", tmp_path / "again.json")
+    assert fresh.returncode == first.returncode == again.returncode
+    assert fresh.stderr == first.stderr == again.stderr
+    want = report_without_date(tmp_path / "fresh.json")
+    assert report_without_date(tmp_path / "first.json") == want == report_without_date(tmp_path / "again.json")
+    assert tree_state(runs) == before
+
+
+def test_a_cache_folder_inside_a_source_is_not_used(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    shutil.copytree(SAMPLES / "tensorboard", runs)
+    before = tree_state(runs)
+    got = klwatch("scan", runs, "--format", "json", "--cache-dir", runs / "cache")
+    assert "lies inside the SOURCE" in got.stderr and got.returncode in (0, 1)
+    assert tree_state(runs) == before
+
+
+def test_a_bad_cache_size_is_a_usage_error(tmp_path: Path) -> None:
+    got = klwatch("scan", SAMPLES / "tensorboard", "--cache-size", "lots")
+    assert got.returncode == 2 and "--cache-size" in got.stderr and "not a size" in got.stderr
+
+
+def test_check_reads_through_the_cache_too(tmp_path: Path, private_scan_cache: Path) -> None:
+    a = klwatch("check", SAMPLES / "tensorboard")
+    b = klwatch("check", SAMPLES / "tensorboard")
+    c = klwatch("check", SAMPLES / "tensorboard", "--no-cache")
+    assert (a.returncode, a.stdout) == (b.returncode, b.stdout) == (c.returncode, c.stdout)
+    assert list(private_scan_cache.rglob("*.pickle"))
