@@ -609,8 +609,10 @@ class Items:
         raw = self._values[idx]
         first = raw.astype("S1").view(np.uint8)
         numeric = np.isin(first, _NUMERIC_BYTES)
-        out = np.zeros(len(raw), dtype=np.float64)
         try:
+            if numeric.all():  # the usual column: no copies for a mask
+                return raw.astype(np.float64), numeric
+            out = np.zeros(len(raw), dtype=np.float64)
             out[numeric] = raw[numeric].astype(np.float64)
         except (ValueError, TypeError):
             return json_floats(*self.values(idx))
@@ -704,7 +706,7 @@ def _decode_rows(rows: list[bytes], *, strict: bool = False, prev: float = -1.0,
         if not len(idx):
             continue
         floats, ok = items.floats(idx)
-        columns[key] = (row_of[idx[ok]], floats[ok])
+        columns[key] = (row_of[idx], floats) if ok.all() else (row_of[idx[ok]], floats[ok])
 
     def per_row(key: str) -> np.ndarray:
         col = np.full(nrows, np.nan)
