@@ -30,7 +30,7 @@ import json
 import os
 import struct
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import count, repeat
 from operator import itemgetter
@@ -937,18 +937,6 @@ def _summary_out(final: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _each_decoded(messages: list[bytes], schema: str, *, strict: bool = False) -> Iterator[Any]:
-    """Each message that decodes alone, in order (one may parse only joined to its neighbour);
-    ``strict``: one that does not is a DecodeError."""
-    parse = _msg(schema).FromString
-    for m in messages:
-        try:
-            yield parse(m)
-        except DecodeError:
-            if strict:
-                raise
-
-
 # -- config -------------------------------------------------------------------------------------
 
 
@@ -1155,7 +1143,11 @@ def _decode_on(batch: Any, *, state: dict[str, Any], before: Segment) -> _Decode
     at once: history items read another way than the ones before, a run record after config
     records (a whole read applies every run record's config before any config record), or a
     summary record that placed a key coming again (a whole read drops all but a record's last
-    copy, so the key would stand where that copy stands)."""
+    copy, so the key would stand where that copy stands).
+
+    Not caught (damage only, never a writer's output): a summary record before the offset that
+    decodes only joined to the one after it, which a whole read would drop once their order or
+    its way of reading them (record by record, after a removal) changes."""
     if len(batch.run) and state["config_records"]:
         return None
     flat = state["flat"]
