@@ -763,11 +763,14 @@ def _append_rows(series: dict[str, Series], names: list[str], more: _Rows) -> tu
                 out[key] = old
             continue
         steps, values, wall = new
-        if old is not None:
-            steps, values = np.concatenate([old.steps, steps]), np.concatenate([old.values, values])
-            before = old.wall_times if old.wall_times is not None else np.full(len(old.steps), np.nan)
-            wall = np.concatenate([before, wall])
-        out[key] = _series(steps, values, wall)
+        if old is None:
+            out[key] = _series(steps, values, wall)
+        elif old.wall_times is not None:  # grown in place: a poll costs the new rows, not the run's length
+            out[key] = old.extended(Series(steps, values, wall))
+        elif np.isnan(wall).all():
+            out[key] = old.extended(Series(steps, values, None))
+        else:  # the first clock: the rows before get NaN times, as one read gives them
+            out[key] = Series(old.steps, old.values, np.full(len(old), np.nan)).extended(Series(steps, values, wall))
     return out, names
 
 
