@@ -24,8 +24,8 @@ from .model import BoundaryVerdict, Finding, LineageResult, ScanResult
 from .pipeline import ScanConfig, scan
 from .redact import scrub
 from .reference_reset import ReferenceResetConfig
-from .report import (EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, escape_cell, exit_code, junit_xml, printable, secret_free,
-                     unreadable)
+from .report import (EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, escape_cell, exit_code, incomplete, junit_xml, printable,
+                     secret_free, unreadable)
 
 RESET = "reference_reset"
 DEFAULT_FAIL_ON: tuple[str, ...] = (RESET,)
@@ -117,6 +117,11 @@ def _escape_property(s: str) -> str:
     return _escape_data(s).replace(":", "%3A").replace(",", "%2C")
 
 
+def warning_command(title: str, message: str) -> str:
+    """``::warning title=...::message``: a warning annotation, encoded as ``workflow_command``'s error."""
+    return f"::warning title={_escape_property(title)}::{_escape_data(message)}"
+
+
 def workflow_command(title: str, message: str) -> str:
     """``::error title=...::message``: an error annotation; the title and message encoded so that
     neither can end the command early or start another (``%0A``, ``::``, control characters)."""
@@ -195,6 +200,9 @@ def step_summary(result: ScanResult, found: list[Problem]) -> str:
         lines += _summary_sparklines(found, clean)
     if result.unreadable:
         lines += ["Could not read:", "", *[f"- {escape_cell(e)}" for e in unreadable(result)], ""]
+    partial = incomplete(result)
+    if partial:
+        lines += ["Incomplete (judged on what could be read):", "", *[f"- {escape_cell(e)}" for e in partial], ""]
     return "\n".join(lines) + "\n"
 
 
@@ -305,6 +313,9 @@ def _print_problems(result: ScanResult, found: list[Problem], *, github: bool) -
     for i, msg in enumerate(unreadable(result)):  # the sources' errors come first, then the runs'
         title = "klwatch: unreadable source" if i < n_sources else "klwatch: unreadable run"
         print(workflow_command(title, msg) if github else f"error: {printable(msg)}",
+              file=sys.stdout if github else sys.stderr)
+    for msg in incomplete(result):  # judged on part of its logs: said, the exit code stays the verdict's
+        print(warning_command("klwatch: incomplete run", msg) if github else f"warning: {printable(msg)}",
               file=sys.stdout if github else sys.stderr)
 
 

@@ -8,6 +8,7 @@ Nothing downstream reaches back into a reader.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -349,6 +350,38 @@ class Finding:
     severity: Literal["error", "warning", "info"]
     message: str
     data: dict[str, Any] = field(default_factory=dict)
+    metrics: tuple[str, ...] = ()
+    """The series the detector looked at to find this (as the run logs them, the most telling first):
+    what a face draws beside the finding, so it need not know each detector's ``data`` keys."""
+
+
+DAMAGE_WARNING = re.compile(
+    r"truncated event file|truncated last line|is cut short|cut short at the start|ends in \d+ zero bytes|"
+    r"corrupt record at byte|corrupt stretches skipped|never finished; dropped|without a first chunk; skipped|"
+    r"could not be decoded; skipped|this metric is left out")
+"""A reader's warning that it read a file only in part: up to a cut-off end (a crash mid-write), past
+a corrupt stretch it skipped, or without a record or metric file it could not decode. The readers'
+own words (TensorBoard, W&B ``.wandb`` logs, tables, MLflow file stores); one place to extend."""
+
+
+def is_damage_warning(warning: str) -> bool:
+    """Whether a reader's warning says that part of a file was lost to damage or a cut-off end
+    (dropped NaNs, an ignored config and the like are the logs as written, not damage)."""
+    return DAMAGE_WARNING.search(warning) is not None
+
+
+def incomplete_reasons(lineage: "Lineage") -> list[str]:
+    """Why a training run is incomplete, one reason per file: a member that could not be read
+    (``unreadable: <its error, naming it>``), or read only in part (``read in part: <file>: <the
+    reader's warning>``). Empty when every member was read whole. The one definition every face uses."""
+    out: list[str] = []
+    for seg in lineage.segments:
+        if seg.error:
+            out.append(f"unreadable: {seg.error}")
+        for w in seg.warnings:
+            if is_damage_warning(w):
+                out.append(f"read in part: {w if w.startswith(seg.ref) else f'{seg.ref}: {w}'}")
+    return list(dict.fromkeys(out))
 
 
 @dataclass
@@ -361,6 +394,14 @@ class LineageResult:
     verdicts: list[BoundaryVerdict] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     error: str | None = None
+    incomplete: list[str] = field(default_factory=list)
+    """Why the run was judged on part of its logs (``incomplete_reasons``): a member that could not be
+    read, or one read only up to damage or a cut-off end, each naming the file. Empty when whole.
+    Derived from the lineage when not given, so every result built from a lineage carries it."""
+
+    def __post_init__(self) -> None:
+        if not self.incomplete:
+            self.incomplete = incomplete_reasons(self.lineage)
 
     def worst(self) -> BoundaryVerdict | None:
         if not self.verdicts:

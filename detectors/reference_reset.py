@@ -631,12 +631,14 @@ class ReferenceResetDetector(Detector[ReferenceResetConfig]):
 
     def judge(self, lineage: Lineage) -> LineageResult:
         """The run's status and a verdict for every boundary (no findings: those are other detectors').
-        An unreadable part is named in ``error`` when the rest of the run was judged."""
+        An unreadable part is named in ``error`` whatever the rest of the run was judged (a run without
+        a KL, or with too little of it, is still a run with an unreadable part: exit code 3), and the
+        result lists it among the reasons the run is ``incomplete``."""
         errors = [s.error for s in lineage.segments if s.error]
         if errors and all(s.error for s in lineage.segments):
             return LineageResult(lineage, None, "error", error="; ".join(errors))
         result = self._judge_kl(lineage)
-        if errors and result.status in ("ok", "reference_reset", "intentional"):
+        if errors:
             result.error = "; ".join(errors)
         return result
 

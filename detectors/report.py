@@ -161,9 +161,10 @@ def lineage_dict(r: LineageResult) -> dict[str, Any]:
         "status": r.status,
         "boundaries": boundaries,
         "findings": [{"detector": f.detector, "step": None if f.step is None else int(f.step), "severity": f.severity,
-                      "message": f.message}
+                      "message": f.message, "metrics": list(f.metrics)}
                      for f in r.findings],
         "error": r.error,
+        "incomplete": list(r.incomplete),
         "step_axis": lin.step_axis,
         "warnings": warnings,
         "stitching": list(lin.notes),
@@ -217,6 +218,15 @@ def rows(result: ScanResult) -> list[dict[str, str]]:
     return out
 
 
+def incomplete(result: ScanResult) -> list[str]:
+    """One line per reason a training run is incomplete (``LineageResult.incomplete``), naming the run:
+    what the table, markdown and ``check`` say under their verdicts, free of secrets (still to be
+    escaped per medium)."""
+    clean = secret_free(result)
+    return [clean(f"{r.lineage.name}: incomplete, {why}") for r in result.results if r.status != "error"
+            for why in r.incomplete]  # a run with nothing read is listed among the errors already
+
+
 def unreadable(result: ScanResult) -> list[str]:
     """``result.unreadable`` as shown: every message free of secrets (still to be escaped per medium)."""
     clean = secret_free(result)
@@ -241,6 +251,8 @@ def render_table(result: ScanResult, console: Any) -> None:
                       Text(row["metric"]), row["step"], row["evidence"],
                       Text(row["verdict"], style=VERDICT_STYLE.get(row["verdict"], "")), row["score"], row["kl"])
     console.print(table)
+    for line in incomplete(result):
+        console.print(Text(f"warning: {printable(line)}", style="yellow"))
     console.print(summary_line(result))
 
 
@@ -274,6 +286,8 @@ def render_markdown(result: ScanResult) -> str:
         lines.append("| " + " | ".join(cells).replace("->", "→") + " |")
     if result.unreadable:
         lines += ["", "Errors:", *[f"- {escape_cell(e)}" for e in unreadable(result)]]
+    if incomplete(result):
+        lines += ["", "Incomplete (judged on what could be read):", *[f"- {escape_cell(e)}" for e in incomplete(result)]]
     lines += ["", summary_line(result)]
     return "\n".join(lines) + "\n"
 

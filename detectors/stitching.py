@@ -196,19 +196,22 @@ def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig(), me
            notes: dict[int, list[str]] | None = None) -> list[tuple[str, str, list[Segment]]]:
     """Group segments into training runs: a list of (lineage id, name, segments in start order).
 
-    Error segments stay alone (their run is reported with its error); checkpoint folders join the
-    training run of the same name in the same source, or the only one there. ``metrics`` are the
-    ``--metric`` patterns (the KL decides where a piece starts); ``notes``, when given, receives the
-    reason for every join, keyed by ``id()`` of the segment joined.
+    An error segment (a file or run that could not be read) joins the training run its identity
+    names (``_error_owner``: its event file's run folder, its tracker run id), so the run is reported
+    with its unreadable part; one whose run cannot be told stays alone, reported with its error.
+    Checkpoint folders join the training run of the same name in the same source, or the only one
+    there. ``metrics`` are the ``--metric`` patterns (the KL decides where a piece starts); ``notes``,
+    when given, receives the reason for every join, keyed by ``id()`` of the segment joined.
     """
     notes = {} if notes is None else notes
     shapes = {id(seg): _shape(seg, _prefer(seg, metrics)) for seg in segments if not seg.error}
     out: list[tuple[str, str, list[Segment]]] = []
     by_store: dict[tuple[str, str], dict[str, list[Segment]]] = {}
     checkpoints: list[Segment] = []
+    unreadable: list[Segment] = []
     for seg in segments:
         if seg.error:
-            out.append((f"{seg.kind}:{seg.ref}", seg.name or seg.ref, [seg]))
+            unreadable.append(seg)
             continue
         if seg.kind == "checkpoints":
             checkpoints.append(seg)
@@ -225,6 +228,16 @@ def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig(), me
     if not config.lineage_map and not config.group_by:
         lineages = _join_continuations(lineages, shapes=shapes, notes=notes)
 
+    for seg in unreadable:
+        owner = _error_owner(seg, lineages, config=config)
+        if owner is None:
+            out.append((f"{seg.kind}:{seg.ref}", seg.name or seg.ref, [seg]))
+            continue
+        owner[2].append(seg)
+        notes.setdefault(id(seg), []).append(
+            f"{seg.ref} could not be read; it is counted in this run as its {_what(seg)} "
+            f"({seg.group or seg.run_id}) is this run's")
+
     for ck in checkpoints:
         targets = _checkpoint_owners(ck, lineages)
         for target in targets:
@@ -232,6 +245,51 @@ def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig(), me
         if not targets:
             lineages.append((f"checkpoints:{ck.ref}", ck.name or ck.ref, [ck]))
     return out + lineages
+
+
+def _error_owner(seg: Segment, lineages: list[tuple[str, str, list[Segment]]], *,
+                 config: StitchConfig) -> tuple[str, str, list[Segment]] | None:
+    """The training run an unreadable segment belongs to, or None when that cannot be told.
+
+    Its identity is what its path says (``sources.local.error_segment``): an explicit ``--lineage``
+    glob matching its ref or run id decides first; else an event file belongs to the run whose event
+    files share its run folder (a folder holding several training runs: the latest one started before
+    the file was created), else to the only run in a launch folder beside it started before it; a
+    tracker run to the run holding a piece with its run id in the same or a sibling store. Never a
+    guess between two runs."""
+    if config.lineage_map:
+        key = _key(seg, config)
+        mapped = [lin for lin in lineages if key.startswith("map:") and any(
+            m.kind == seg.kind and m.source == seg.source and _key(m, config) == key for m in lin[2])]
+        return mapped[0] if len(mapped) == 1 else None
+    same_kind = [lin for lin in lineages if any(m.kind == seg.kind and m.source == seg.source for m in lin[2])]
+    if seg.kind == "tensorboard":
+        if seg.group is None:
+            return None
+        here = [lin for lin in same_kind if any(m.kind == "tensorboard" and _folder(m) == seg.group for m in lin[2])]
+        beside = [lin for lin in same_kind if any(m.kind == "tensorboard" and _launch_siblings(_folder(m), seg.group)
+                                                  for m in lin[2])]
+        for candidates, alone in ((here, False), (beside, True)):
+            started = _started_before(candidates, seg.start_time)
+            if len(started) == 1 or (started and not alone):
+                return started[-1]
+        return None
+    if seg.run_id is None:
+        return None
+    owners = [lin for lin in same_kind if any(m.run_id == seg.run_id and m.kind == seg.kind and sibling_stores(m, seg)
+                                              for m in lin[2])]
+    return owners[0] if len(owners) == 1 else None
+
+
+def _started_before(lineages: list[tuple[str, str, list[Segment]]],
+                    when: float | None) -> list[tuple[str, str, list[Segment]]]:
+    """The runs started at or before ``when`` (all of them when it is unknown), earliest first."""
+    def start(lin: tuple[str, str, list[Segment]]) -> float:
+        times = [t for t in (m.first_wall_time() for m in lin[2]) if t is not None]
+        return min(times, default=float("-inf"))
+
+    ordered = sorted(lineages, key=start)
+    return ordered if when is None else [lin for lin in ordered if start(lin) <= when + 1.0]
 
 
 def _named_chains(base: str, key: str, chains: list[list[Segment]], *,

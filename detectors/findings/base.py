@@ -10,7 +10,7 @@ dashboard can expose the thresholds and tests can pin them.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -34,9 +34,13 @@ class FindingDetector(Detector[C], ABC):
     def detect(self, result: LineageResult) -> list[Finding]:
         """Every finding of this detector on one judged training run."""
 
-    def finding(self, *, step: int | None, severity: Severity, message: str, data: dict[str, Any]) -> Finding:
+    def finding(self, *, step: int | None, severity: Severity, message: str, data: dict[str, Any],
+                metrics: Iterable[str | None] = ()) -> Finding:
+        """A finding of this detector; ``metrics`` are the series it looked at (``Finding.metrics``:
+        what a face draws beside it), each named once, in order."""
         return Finding(detector=self.name, step=step, severity=severity, message=message,
-                       data={k: plain_data(v) for k, v in data.items()})
+                       data={k: plain_data(v) for k, v in data.items()},
+                       metrics=tuple(dict.fromkeys(m for m in metrics if m)))
 
 
 # ------------------------------------------------------------------------------ series access

@@ -128,7 +128,8 @@ class DataOrderRestart(FindingDetector[DataOrderRestartConfig]):
                 "model re-trains on the opening prompts.")
         return self.finding(step=b.step, severity="error" if confident else "warning", message=msg,
                             data={"counters": [c.__dict__ for c in backs], "repeats": [r.__dict__ for r in repeats],
-                                  "counters_continued": continued, "resumed_from_step": b.resumed_from_step})
+                                  "counters_continued": continued, "resumed_from_step": b.resumed_from_step},
+                            metrics=[c.metric for c in backs] + [r.metric for r in repeats])
 
     # ------------------------------------------------------------------------------ counters
 

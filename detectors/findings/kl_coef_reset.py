@@ -97,8 +97,8 @@ class KlCoefReset(FindingDetector[KlCoefResetConfig]):
                    f"{fmt(before)} back to its initial value {fmt(first)} (it never moves more than "
                    f"{max_step:.1%} per step on its own); save and restore the KL controller's value with the "
                    f"checkpoint (verl #2653).")
-            return self.finding(step=b.step, severity="error", message=msg, data=data)
+            return self.finding(step=b.step, severity="error", message=msg, data=data, metrics=[metric])
         msg = (f"The KL coefficient jumped at the resume at step {b.step}: {metric} went from {fmt(before)} to "
                f"{fmt(first)} (it never moves more than {max_step:.1%} per step on its own); check that the KL "
                f"controller's state and the kl_coef setting carried over.")
-        return self.finding(step=b.step, severity="warning", message=msg, data=data)
+        return self.finding(step=b.step, severity="warning", message=msg, data=data, metrics=[metric])

@@ -62,4 +62,4 @@ class KlRatchet(FindingDetector[KlRatchetConfig]):
         return [self.finding(step=steps[-1], severity="info", message=msg,
                              data={"metric": result.metric, "reset_steps": steps, "kl_before_resets": reached,
                                    "kl_since_last_reset": last, "cumulative_kl": total, "max_logged_kl": peak,
-                                   "understatement": ratio})]
+                                   "understatement": ratio}, metrics=[result.metric])]

@@ -22,7 +22,7 @@ from the tracker (``warning``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..model import Boundary, Finding, Lineage, LineageResult, extent_of, logging_interval
 from .base import FindingDetector, Severity, around
@@ -77,8 +77,8 @@ class LostSteps(FindingDetector[LostStepsConfig]):
             if prev is None or cur is None:
                 continue
             f = self._judge(b, trained=prev, first=cur[0], interval=interval)
-            if f is not None:
-                out.append(f)
+            if f is not None:  # the steps were read off the KL's (else the training series')
+                out.append(replace(f, metrics=prefer))
         return out
 
     def _judge(self, b: Boundary, *, trained: tuple[int, int], first: int, interval: int) -> Finding | None:

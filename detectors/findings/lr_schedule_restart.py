@@ -143,7 +143,8 @@ class LrScheduleRestart(FindingDetector[LrScheduleRestartConfig]):
             step=b.step, severity="error" if confident else "warning", message=msg,
             data={"metric": metric, "lr_before": lr_before, "lr_after": lr_after, "lr_expected": expected,
                   "lr_opening": float(open_.values[0]), "score": score, "log_jump": jump, "opening_fit": fit,
-                  "noise": noise, "points_after": len(post), "resumed_from_step": b.resumed_from_step})
+                  "noise": noise, "points_after": len(post), "resumed_from_step": b.resumed_from_step},
+            metrics=[metric])
 
 
 def _noise(logs: list[np.ndarray], floor: float) -> float:

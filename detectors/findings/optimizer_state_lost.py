@@ -229,7 +229,8 @@ class OptimizerStateLost(FindingDetector[OptimizerStateLostConfig]):
         return self.finding(
             step=b.step, severity="error" if confident else "warning", message=msg,
             data={"spikes": [s.__dict__ for s in spikes], "resumed_from_step": b.resumed_from_step,
-                  "lr_metric": lr, "lr_rose": lr_rose})
+                  "lr_metric": lr, "lr_rose": lr_rose},
+            metrics=[s.metric for s in spikes] + [lr])
 
     # ------------------------------------------------------------------------------ statistic
 

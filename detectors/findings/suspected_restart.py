@@ -496,7 +496,8 @@ class SuspectedRestart(FindingDetector[SuspectedRestartConfig]):
         return self.finding(step=step, severity="warning", message=msg,
                             data={"step": step, "series": [sh.__dict__ for sh in group], "families": fams,
                                   "kl_collapse": bool(collapsed),
-                                  "screen_index": center, "change_point_index": cp})
+                                  "screen_index": center, "change_point_index": cp},
+                            metrics=[sh.metric for sh in group])
 
 
 def family_of(*, name: str, kl: Collection[str], loss: Collection[str], grad_norm: Collection[str]) -> tuple[str, bool]:

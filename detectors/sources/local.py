@@ -219,6 +219,42 @@ def _units(found: dict[str, set[Path]]) -> list[Unit]:
     return units
 
 
+_EVENT_FILE_TIME = re.compile(r"tfevents\.(\d+)\.")
+"""The second an event file was created, as its writer names it (``events.out.tfevents.<time>.<host>``)."""
+
+
+def error_segment(kind: SegmentKind, path: Path, *, ref: str, spec: str, error: str) -> Segment:
+    """The Segment of a unit that could not be read: its error, and the identity its reader would have
+    given it as far as the path tells, so stitching puts it into the training run of its readable
+    siblings (a corrupt event file beside the healthy ones of its run) rather than in a row of its own.
+
+    TensorBoard: the event file's run folder (run id and group, as the reader's ``_run_folder``)
+    and its creation second (the start time its name records); a W&B run folder: the run id its name
+    ends in (``run-<date>_<time>-<id>``); a table: its store (the file). Anything else keeps only its
+    path as the store."""
+    seg = Segment(kind=kind, ref=ref, source=spec, store=str(path), error=error)
+    try:
+        if kind == "tensorboard":
+            from .tensorboard import _run_folder
+
+            # its run folder as run id and group, as the reader gives them; no name, so a file that joins
+            # no run stays a row named by the file (the run folder alone would not say which file failed)
+            seg.run_id = seg.group = _run_folder(path, ref)
+            seg.store = str(path.resolve().parent)
+            seg.meta["file"] = path.name
+            stamp = _EVENT_FILE_TIME.search(path.name)
+            if stamp:
+                seg.start_time = float(stamp.group(1))
+        elif kind == "wandb-offline" and looks_like_wandb_run_dir(path):
+            seg.run_id = path.name.rsplit("-", 1)[-1]
+            seg.store = str(path.parent)
+        elif kind == "table":
+            seg.store = str(path.resolve())
+    except (OSError, RuntimeError, ValueError):  # a path that cannot be resolved keeps its plain identity
+        pass
+    return seg
+
+
 def read_unit(unit: Unit, *, root: Path, spec: str) -> UnitRead:
     """One reader call; a failure becomes an error Segment naming the file, a file that holds no run
     met during a walk a warning (an error when it is the path the user named)."""
@@ -231,12 +267,11 @@ def read_unit(unit: Unit, *, root: Path, spec: str) -> UnitRead:
     except NotALog as exc:
         if path != root:
             return UnitRead([], [f"{ref}: skipped, {exc}"], skipped=True)
-        segs = [Segment(kind=kind, ref=ref, source=spec, store=str(path), error=f"{ref}: {exc}")]
+        segs = [error_segment(kind, path, ref=ref, spec=spec, error=f"{ref}: {exc}")]
     except (ReadError, OSError, ValueError, sqlite3.Error) as exc:
-        segs = [Segment(kind=kind, ref=ref, source=spec, store=str(path), error=f"{ref}: {exc}")]
+        segs = [error_segment(kind, path, ref=ref, spec=spec, error=f"{ref}: {exc}")]
     except Exception as exc:  # reader bug: still name the file, keep going
-        segs = [Segment(kind=kind, ref=ref, source=spec, store=str(path),
-                        error=f"{ref}: {type(exc).__name__}: {exc}")]
+        segs = [error_segment(kind, path, ref=ref, spec=spec, error=f"{ref}: {type(exc).__name__}: {exc}")]
     for s in segs:
         if s.error and not s.error.startswith(s.ref):
             s.error = f"{s.ref}: {s.error}"
@@ -248,7 +283,7 @@ def unit_failed(unit: Unit, *, root: Path, spec: str, message: str) -> UnitRead:
     unit whose read could not finish at all (its worker process died, a pluggable ``read_unit``
     raised)."""
     ref = _rel(unit.path, root if root.is_dir() else root.parent, spec)
-    return UnitRead([Segment(kind=unit.kind, ref=ref, source=spec, store=str(unit.path), error=f"{ref}: {message}")])
+    return UnitRead([error_segment(unit.kind, unit.path, ref=ref, spec=spec, error=f"{ref}: {message}")])
 
 
 @dataclass
