@@ -158,6 +158,7 @@ def init_state(launch: safety.Launch) -> None:
     ss["_ignored_sources"] = chosen.ignored
     ss["metrics"] = [m for m in qp.get_all("metric") if m.strip()]
     ss["only_flagged"] = qp.get("flagged") == "1"
+    ss["only_incomplete"] = qp.get("incomplete") == "1"
     ss["statuses"] = [s for s in qp.get_all("status") if s in ALL_STATUSES]
     for field, *_ in THRESHOLDS:
         ss[f"rr_{field}"] = getattr(_DEFAULTS, field)
@@ -193,6 +194,7 @@ def sync_url(*, run: str | None, launch: safety.Launch) -> None:
         "finding": list(ss.get("finding_filter") or []),
         "group_by": ss.get("group_by") or None,
         "flagged": "1" if ss.get("only_flagged") else None,
+        "incomplete": "1" if ss.get("only_incomplete") else None,
         "status": list(ss.get("statuses") or []),
         "src": safety.link_sources(shown, list(ss.get("added_sources") or []), launch),
         "metric": list(ss.get("metrics") or []),
@@ -406,7 +408,9 @@ def show_fleet(fleet: data.Fleet, config: ScanConfig, findings: dict[str, list[F
     df = data.fleet_table(fleet, findings)
     counts = df["status"].value_counts().to_dict()
     ranked = sorted(counts, key=lambda k: ALL_STATUSES.index(k) if k in ALL_STATUSES else len(ALL_STATUSES))
-    st.markdown(" ".join(f":{BADGE_COLOR.get(k, 'gray')}-badge[{k}: **{counts[k]}**]" for k in ranked)
+    n_incomplete = int((df["incomplete"] != "").sum())
+    st.markdown(" ".join([f":{BADGE_COLOR.get(k, 'gray')}-badge[{k}: **{counts[k]}**]" for k in ranked] +
+                         ([f":orange-badge[:material/warning: incomplete: **{n_incomplete}**]"] if n_incomplete else []))
                 or "No training runs found.")
     points = data.boundary_points(fleet)
     if not points.empty:
@@ -415,10 +419,13 @@ def show_fleet(fleet: data.Fleet, config: ScanConfig, findings: dict[str, list[F
                         config={"displaylogo": False})
     else:
         st.caption("No resume boundary in these runs: nothing to judge yet.")
-    c0, c1, c2, c3 = st.columns([2, 1, 2, 2])
+    c0, c1, c4, c2, c3 = st.columns([2, 1, 1, 2, 2])
     c0.text_input("Search runs", key="search", placeholder="search runs by name", label_visibility="collapsed",
                   icon=":material/search:")
     c1.toggle("Only flagged", key="only_flagged", help="Only runs with a boundary judged reference_reset.")
+    c4.toggle("Only incomplete", key="only_incomplete",
+              help="Only runs judged on part of their logs: a file could not be read, or was read only up to "
+                   "damage or a cut-off end.")
     c2.multiselect("Status", ALL_STATUSES, key="statuses", placeholder="every status", label_visibility="collapsed")
     detectors = sorted({d for found in findings.values() for d in dict.fromkeys(f.detector for f in found)}
                        | set(st.session_state.get("finding_filter") or []))
@@ -426,6 +433,8 @@ def show_fleet(fleet: data.Fleet, config: ScanConfig, findings: dict[str, list[F
                    help="Only runs with one of these findings (resume-integrity detectors other than the KL verdict).")
     if st.session_state.get("only_flagged"):
         df = df[df["status"] == data.FLAGGED]
+    if st.session_state.get("only_incomplete"):
+        df = df[df["incomplete"] != ""]
     if st.session_state.get("statuses"):
         df = df[df["status"].isin(st.session_state["statuses"])]
     query = (st.session_state.get("search") or "").strip().lower()
@@ -444,9 +453,12 @@ def show_fleet(fleet: data.Fleet, config: ScanConfig, findings: dict[str, list[F
         styled, key="fleet_table", placeholder="-", on_select=_pick_from_table,
         selection_mode=["single-row", "single-cell"], hide_index=True,
         height=min(38 + 35 * max(len(df), 1), 420),
-        column_order=["run", "status", "findings", "trackers", "segments", "resumes", "worst score", "KL before",
+        column_order=["run", "status", "incomplete", "findings", "trackers", "segments", "resumes", "worst score", "KL before",
                       "KL after", "at step", "last step", "metric", "error"],
         column_config={
+            "incomplete": st.column_config.TextColumn("incomplete", help="Judged on part of its logs: a file could not "
+                                                      "be read, or was read only up to damage or a cut-off end (the "
+                                                      "run's header names each file and why)"),
             "findings": st.column_config.ListColumn("findings", help="What the other resume-integrity detectors "
                                                     "reported (empty while they run)"),
             "worst score": st.column_config.ProgressColumn("worst score", min_value=0.0, max_value=1.0, format="%.2f"),
@@ -488,15 +500,15 @@ def show_run(key: str, result: LineageResult, *, fleet: data.Fleet, config: Scan
     st.header(f"{STATUS_ICON.get(status, '')} {say(lin.name)}", anchor=False)
     trackers = ", ".join(dict.fromkeys(s.kind for s in lin.segments))
     link = data.tracker_link(lin)
-    st.markdown(f":{BADGE_COLOR.get(status, 'gray')}-badge[{status}] · metric "
+    partial = " :orange-badge[:material/warning: incomplete]" if data.incomplete_reasons(result) else ""
+    st.markdown(f":{BADGE_COLOR.get(status, 'gray')}-badge[{status}]{partial} · metric "
                 f"{safety.code(scrub(result.metric or '-', _secrets))} · {say(trackers)} · {len(lin.segments)} segment(s) · "
                 f"{len(lin.boundaries)} resume(s)" + (f" · [{link[0]} :material/open_in_new:]({_link_target(link[1])})" if link else ""))
     if result.findings:
         st.markdown(" ".join(f":{SEVERITY_BADGE.get(f.severity, 'gray')}-badge[:material/report: {say(f.detector)}"
                              f"{f' · step {f.step}' if f.step is not None else ''}]" for f in result.findings),
                     help="Findings of the other resume-integrity detectors (marked on the chart at their step).")
-    if result.error:
-        st.error(say(result.error), icon=":material/warning:")
+    show_incomplete(result)
     for why in data.implausible(lin):
         st.warning(f"This stitching looks implausible: {why}. Check the Members below; the sidebar's Stitching "
                    "overrides (group-by key, lineage file) can split it.", icon=":material/call_split:")
@@ -545,6 +557,19 @@ def show_run(key: str, result: LineageResult, *, fleet: data.Fleet, config: Scan
             st.json(scrubbed(lin.config), expanded=1)
         else:
             st.caption("No config was logged.")
+
+
+def show_incomplete(result: LineageResult) -> None:
+    """Under the run's header: a run with nothing read says its error; a run judged on part of its
+    logs says so, naming each file and why (``data.incomplete_reasons``, escaped); a partly unreadable
+    run's error is among those reasons."""
+    reasons = data.incomplete_reasons(result)
+    if reasons:
+        with st.container(key="run_incomplete"):
+            st.warning("**Incomplete run:** judged on what could be read; the verdict may change once every "
+                       "file reads.\n\n" + "\n".join(f"- {say(why)}" for why in reasons), icon=":material/warning:")
+    elif result.error:
+        st.error(say(result.error), icon=":material/warning:")
 
 
 def _link_target(url: str) -> str:

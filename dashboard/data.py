@@ -329,25 +329,10 @@ def shown_status(result: LineageResult, findings: Sequence[Finding] | None = Non
 
 
 def finding_metrics(finding: Finding, lineage: Lineage) -> list[str]:
-    """The series a finding looked at, as its data names them (``metric``, ``lr_metric``, and the
-    ``metric`` of each spike, counter, repeat or shifted series), those the run logs, in order. A
-    finding naming none (lost steps, a suspected restart's KL) is drawn on the KL."""
-    names: list[str] = []
-
-    def visit(value: Any, key: str = "") -> None:
-        if isinstance(value, str) and key in ("metric", "lr_metric", "name"):
-            names.append(value)
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                visit(v, str(k))
-        elif isinstance(value, list):
-            for v in value:
-                if isinstance(v, dict):
-                    visit(v)
-
-    visit(finding.data)
+    """The series a finding looked at (its detector's ``Finding.metrics``) that the run logs, in the
+    detector's order; none when it names none (the finding is then marked on the KL's panel)."""
     logged = set(lineage.metric_names())
-    return [n for n in dict.fromkeys(names) if n in logged]
+    return [n for n in dict.fromkeys(finding.metrics) if n in logged]
 
 
 IMPLAUSIBLE_RESUMES = 12
@@ -393,6 +378,25 @@ def clear_caches() -> None:
     _jobs_started.clear()
 
 
+INCOMPLETE_MARK = "⚠ incomplete"
+"""What the fleet table's ``incomplete`` column says of a run judged on part of its logs."""
+
+
+def incomplete_reasons(result: LineageResult) -> list[str]:
+    """Why a run the page shows was judged on part of its logs: the core's ``LineageResult.incomplete``
+    (a file that could not be read, or was read only up to damage or a cut-off end). None for a run
+    with nothing read at all: its status, ``error``, says so already."""
+    return [] if result.status == "error" else list(result.incomplete)
+
+
+def _incomplete_cell(result: LineageResult) -> str:
+    """The fleet table's ``incomplete`` cell: the mark and how many files, or empty when whole."""
+    reasons = incomplete_reasons(result)
+    if not reasons:
+        return ""
+    return f"{INCOMPLETE_MARK} ({len(reasons)} file{'s' if len(reasons) != 1 else ''})"
+
+
 def _last_step(lin: Lineage) -> int | None:
     lasts = [seg.step_range()[1] for seg in lin.segments]
     lasts = [x for x in lasts if x is not None]
@@ -414,6 +418,8 @@ def fleet_table(fleet: Fleet, findings: dict[str, list[Finding]] | None = None) 
             "key": key,
             "run": labels[key],
             "status": shown_status(r, found or []),
+            "incomplete": _incomplete_cell(r),
+            "why incomplete": scrub("; ".join(incomplete_reasons(r)), _with_credentials(fleet.specs)),
             "findings": None if found is None else list(dict.fromkeys(f.detector for f in found)),
             "trackers": ", ".join(dict.fromkeys(s.kind for s in lin.segments)),
             "segments": len(lin.segments),
@@ -427,7 +433,7 @@ def fleet_table(fleet: Fleet, findings: dict[str, list[Finding]] | None = None) 
             "source": redact_spec(spec),  # hidden, but the whole frame goes to the browser
             "error": scrub(r.error or "", _with_credentials(fleet.specs)),
         })
-    columns = ["key", "run", "status", "findings", "trackers", "segments", "resumes", "worst score", "KL before", "KL after",
+    columns = ["key", "run", "status", "incomplete", "why incomplete", "findings", "trackers", "segments", "resumes", "worst score", "KL before", "KL after",
                "at step", "last step", "metric", "source", "error"]
     df = pd.DataFrame(rows, columns=columns)
     for col in ("worst score", "KL before", "KL after"):

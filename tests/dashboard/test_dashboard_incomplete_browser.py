@@ -1,0 +1,87 @@
+"""Issue 15 part 3 in a real headless Chromium: a run whose post-resume event file is corrupt in the
+middle is one row of the fleet marked incomplete (not a healthy-looking run beside an error row), the
+"Only incomplete" filter keeps it alone, and its header names the file and why."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from chromium import ARGS, CHROMIUM, WAIT_MS, needs_chromium, settled
+from dashboard_runs import write_run
+from dashboard_server import running_dashboard
+
+pytestmark = needs_chromium
+
+
+def _rows(page) -> list[dict[str, str]]:
+    """The fleet table as its accessible grid holds it (the visible grid is a canvas)."""
+    grid = page.locator("[data-testid=stDataFrame]").first.locator("table[role=grid]")
+    header = [c.inner_text().strip() for c in grid.locator("th").all()]
+    return [dict(zip(header, [c.inner_text().strip() for c in tr.locator("td").all()]))
+            for tr in grid.locator("tbody tr").all()]
+
+
+def _rows_when(page, ready, what: str) -> list[dict[str, str]]:
+    """The table rows once ``ready(rows)`` holds, within the deadline (the page may still be redrawing)."""
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while True:
+        settled(page)
+        rows = _rows(page)
+        if ready(rows):
+            return rows
+        assert time.monotonic() < deadline, f"{what}: {rows}"
+        page.wait_for_timeout(250)  # a poll interval while the page redraws, not a fixed pause before an assertion
+
+
+def _click_name(page, index: int) -> None:
+    """Click the run's name cell: the whole row opens the run."""
+    box = page.locator("[data-testid=stDataFrame]").first.bounding_box()
+    assert box is not None
+    page.mouse.click(box["x"] + 140, box["y"] + 35 + 35 * index + 17)
+
+
+def write_corrupt_fleet(root: Path) -> tuple[Path, str]:
+    """A healthy resumed run and one whose post-resume event file has a byte flipped in the middle
+    (whole records follow it, so the file cannot be read); the corrupt file's ref."""
+    write_run(root, name="grpo-healthy", resumes=[61], buggy=False, seed=2)
+    folder = write_run(root, name="grpo-corrupt", resumes=[61], buggy=False, seed=3)
+    (post,) = folder.glob("events.out.tfevents.*.launch1")
+    data = bytearray(post.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    post.write_bytes(bytes(data))
+    return root, f"grpo-corrupt/{post.name}"
+
+
+def test_a_run_with_a_corrupt_post_resume_file_is_marked_incomplete_in_fleet_and_header(tmp_path: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    fleet, bad_ref = write_corrupt_fleet(tmp_path / "runs")
+    with running_dashboard([str(fleet)], log=tmp_path / "dashboard.log") as url, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.goto(url, timeout=WAIT_MS)
+            page.locator("[data-testid=stDataFrame] table[role=grid]").first.wait_for(state="attached", timeout=WAIT_MS)
+            rows = _rows_when(page, lambda rs: len(rs) == 2, "the fleet never showed the two runs")
+            by_name = {r["run"]: (i, r) for i, r in enumerate(rows)}
+            assert set(by_name) == {"grpo-healthy", "grpo-corrupt"}  # no separate error row
+            assert by_name["grpo-corrupt"][1]["incomplete"].startswith("⚠ incomplete")
+            assert by_name["grpo-healthy"][1]["incomplete"] in ("", "-")
+            assert "incomplete: 1" in page.locator("[data-testid=stMarkdown]", has_text="incomplete:").first.inner_text()
+
+            _click_name(page, by_name["grpo-corrupt"][0])
+            page.locator(".st-key-run_view h2", has_text="grpo-corrupt").wait_for(timeout=WAIT_MS)
+            box = page.locator(".st-key-run_incomplete")
+            box.wait_for(timeout=WAIT_MS)
+            settled(page)
+            text = box.inner_text()
+            assert "Incomplete run" in text and bad_ref in text and "corrupt event file" in text, text
+            assert "incomplete" in page.locator(".st-key-run_view").inner_text()
+
+            # the filter state, from a link: only the incomplete run is listed
+            page.goto(f"{url}/?incomplete=1", timeout=WAIT_MS)
+            rows = _rows_when(page, lambda rs: [r["run"] for r in rs] == ["grpo-corrupt"],
+                              "Only incomplete did not keep the corrupt run alone")
+        finally:
+            browser.close()
