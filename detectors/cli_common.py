@@ -193,7 +193,7 @@ def run_scan(sources: list[str], config: ScanConfig, *, show_progress: bool = Tr
     # on a Dask cluster the files are read on its machines: the cache folder is this machine's
     read_unit = cache.read_unit if cache is not None and not config.execution.dask else None
     if not show_progress or not err.is_terminal:
-        result = scan(sources, config=config, read_unit=read_unit)
+        result = scan(sources, config=config, read_unit=read_unit, judge_cache=cache)
     else:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -203,7 +203,7 @@ def run_scan(sources: list[str], config: ScanConfig, *, show_progress: bool = Tr
         with Progress(SpinnerColumn(), TextColumn("reading {task.description}"), TimeElapsedColumn(),
                       console=err, transient=True) as progress:
             task = progress.add_task("", total=None)
-            result = scan(sources, config=config, read_unit=read_unit,
+            result = scan(sources, config=config, read_unit=read_unit, judge_cache=cache,
                           progress=lambda spec: progress.update(task, description=shown(spec)))
     if cache is not None:
         if key is not None and not result.any_error:  # a read bound passed (time) need not pass again

@@ -24,6 +24,7 @@ unit's error, as in one process.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import stat
@@ -677,7 +678,8 @@ def judge_all(lineages: Sequence[Lineage], *, config: Any, workers: Workers) -> 
 
 
 def scan_on_workers(specs: Sequence[str], *, config: Any, progress: Callable[[str], None] | None = None,
-                    read: Callable[[str], SourceRead] | None = None, read_unit: Any = None) -> Any:
+                    read: Callable[[str], SourceRead] | None = None, read_unit: Any = None,
+                    judge_cache: Any = None) -> Any:
     """``pipeline.scan`` on workers: the reads (unless ``read`` reads each SOURCE itself, as the
     watcher's cache does, in this process), stitching here, then the judging. A Dask cluster that
     cannot be reached, or is lost during the scan, is said (a ``klwatch`` log warning) and the scan
@@ -693,8 +695,10 @@ def scan_on_workers(specs: Sequence[str], *, config: Any, progress: Callable[[st
             else:
                 reads = read_all(specs, limits=config.limits, workers=workers, read_unit=read_unit or plain_read_unit,
                                  progress=progress, remote_at_once=execution.remote_at_once)
-            return judge_reads(reads, config=config,
-                               judge=lambda lineages: judge_all(lineages, config=config, workers=workers))
+            judge = functools.partial(judge_all, config=config, workers=workers)
+            if judge_cache is not None:
+                judge = functools.partial(judge_cache.judge_through, config=config, judge=judge)
+            return judge_reads(reads, config=config, judge=judge)
     except (ClusterUnreachable, _ClusterLost) as exc:
         if not execution.dask:
             raise
@@ -704,4 +708,5 @@ def scan_on_workers(specs: Sequence[str], *, config: Any, progress: Callable[[st
         from dataclasses import replace
 
         here = replace(config, execution=replace(execution, dask=None))
-        return scan_on_workers(specs, config=here, progress=progress, read=read, read_unit=read_unit)
+        return scan_on_workers(specs, config=here, progress=progress, read=read, read_unit=read_unit,
+                               judge_cache=judge_cache)

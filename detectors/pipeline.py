@@ -11,6 +11,7 @@ import fnmatch
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from .boundaries import BoundaryConfig, Piece, infer_boundaries, split_segment
 from .metrics import choose_kl_metric, is_negated
@@ -223,18 +224,35 @@ def judge_reads(reads: Sequence[tuple[SourceRead, str | None]], *, config: ScanC
 
 def scan(specs: Sequence[str], *, config: ScanConfig = ScanConfig(),
          progress: Callable[[str], None] | None = None, read: Callable[[str], SourceRead] | None = None,
-         read_unit: ReadUnit | None = None) -> ScanResult:
+         read_unit: ReadUnit | None = None, judge_cache: JudgeCache | None = None) -> ScanResult:
     """Read, stitch and judge: the whole of ``klwatch scan`` (and of each ``klwatch watch`` poll,
     which reads through its cache). Each SOURCE is read within ``config.limits``.
 
     ``read`` reads one whole SOURCE (the watcher's cache), in this process; otherwise local SOURCEs
     are read unit by unit with ``read_unit`` (default ``sources.local.read_unit``; it must pickle
-    when ``config.execution`` hands units to worker processes or a Dask cluster)."""
+    when ``config.execution`` hands units to worker processes or a Dask cluster). ``judge_cache`` (the
+    scan cache) gives back the judgement of a training run judged before with the very same data,
+    and judges only the others."""
     if not config.execution.in_process:
         from .parallel import scan_on_workers
 
-        return scan_on_workers(specs, config=config, progress=progress, read=read, read_unit=read_unit)
+        return scan_on_workers(specs, config=config, progress=progress, read=read, read_unit=read_unit,
+                               judge_cache=judge_cache)
     if read is None:
         read = functools.partial(read_one, limits=config.limits, read_unit=read_unit) if read_unit is not None \
             else functools.partial(read_source, limits=config.limits)
-    return judge_reads(read_sources(specs, progress=progress, read=read), config=config)
+    judge = None if judge_cache is None else functools.partial(
+        judge_cache.judge_through, config=config, judge=functools.partial(judge_each, config=config))
+    return judge_reads(read_sources(specs, progress=progress, read=read), config=config, judge=judge)
+
+
+def judge_each(lineages: Sequence[Lineage], *, config: ScanConfig) -> list[LineageResult]:
+    """``judge_lineage`` on each training run, in order, in this process."""
+    return [judge_lineage(lin, config=config) for lin in lineages]
+
+
+class JudgeCache(Protocol):
+    """Judgements kept between scans (``klwatch.scan_cache.ScanCache``)."""
+
+    def judge_through(self, lineages: Sequence[Lineage], *, config: ScanConfig,
+                      judge: Callable[[Sequence[Lineage]], list[LineageResult]]) -> list[LineageResult]: ...

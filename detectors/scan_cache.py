@@ -341,6 +341,62 @@ class ScanCache:
             with contextlib.suppress(OSError):
                 os.utime(p)
 
+    # -- per training run
+
+    def judge_through(self, lineages: Sequence[Any], *, config: Any, judge: Any) -> list[Any]:
+        """Each training run's judgement: kept from a run judged before with the very same data
+        (everything its lineage holds, the settings, klwatch's code), else ``judge``d (the others
+        together, so a pool still judges them in parallel) and kept. After 1% of a fleet's files
+        grew, 1% of its runs are judged again."""
+        keys = [self._lineage_key(lin, config) for lin in lineages]
+        out: list[Any] = [self._load_pickle("judged", k) if k is not None else None for k in keys]
+        todo = [i for i, r in enumerate(out) if r is None]
+        for i, result in zip(todo, judge([lineages[i] for i in todo]) if todo else []):
+            out[i] = result
+            if keys[i] is not None and result.status != "error" and not result.error:
+                self._store_pickle("judged", keys[i], result)
+        return out
+
+    @staticmethod
+    def _lineage_key(lineage: Any, config: Any) -> str | None:
+        """A digest of everything judging a training run reads: its lineage (segments, series, pieces,
+        boundaries), the settings and the code; None when it holds something without a canonical form."""
+        digest = hashlib.blake2b(digest_size=20)
+        try:
+            _feed(digest, lineage)
+        except _NoCanonicalForm:
+            return None
+        digest.update(_settings_text(config).encode("utf-8", "surrogatepass"))
+        digest.update(_code_version().encode())
+        return digest.hexdigest()
+
+    def _load_pickle(self, kind: str, key: str) -> Any:
+        """An entry pickled into this private cache, or None (absent, damaged, or not ours alone)."""
+        path = self.directory / kind / key[:2] / f"{key}.pickle"
+        try:
+            st = path.stat()
+            if (hasattr(os, "getuid") and st.st_uid != os.getuid()) or st.st_mode & 0o022:
+                return None  # not ours alone: never unpickled
+            with open(path, "rb") as f:
+                got = pickle.load(f)  # noqa: S301 - our own private cache folder, checked above
+        except FileNotFoundError:
+            return None
+        except Exception:  # noqa: BLE001 - a damaged entry is a miss
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)
+        return got
+
+    def _store_pickle(self, kind: str, key: str, value: Any) -> None:
+        path = self.directory / kind / key[:2] / f"{key}.pickle"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _atomic_write(path, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+        except (OSError, pickle.PicklingError, TypeError, AttributeError, RecursionError):
+            return
+
     # -- per scan
 
     def scan_key(self, specs: Sequence[str], config: Any) -> str | None:
@@ -351,9 +407,7 @@ class ScanCache:
         from .sources.limits import Budget, reading
         from .sources.local import discover
 
-        if hasattr(config, "execution"):  # where the work runs (--jobs, --dask) never changes what it finds
-            config = dataclasses.replace(config, execution=type(config.execution)())
-        parts: list[Any] = [FORMAT, _code_version(), repr(config), list(specs)]
+        parts: list[Any] = [FORMAT, _code_version(), _settings_text(config), list(specs)]
         with reading(Budget(config.limits, what="the scan cache")):
             for spec in specs:
                 base, _ = split_pattern(spec)
@@ -373,33 +427,14 @@ class ScanCache:
 
     def load_scan(self, key: str) -> ScanResult | None:
         """The result of the last scan with this key (dated now), or None."""
-        path = self.directory / "scans" / f"{key}.pickle"
-        try:
-            st = path.stat()
-            if (hasattr(os, "getuid") and st.st_uid != os.getuid()) or st.st_mode & 0o022:
-                return None  # not ours alone: never unpickled
-            with open(path, "rb") as f:
-                result = pickle.load(f)  # noqa: S301 - our own private cache folder, checked above
-        except FileNotFoundError:
-            return None
-        except Exception:  # noqa: BLE001 - a damaged entry is a miss
-            with contextlib.suppress(OSError):
-                path.unlink()
-            return None
+        result = self._load_pickle("scans", key)
         if not isinstance(result, ScanResult):
             return None
-        with contextlib.suppress(OSError):
-            os.utime(path)
         result.generated_at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         return result
 
     def store_scan(self, key: str, result: ScanResult) -> None:
-        path = self.directory / "scans" / f"{key}.pickle"
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            _atomic_write(path, pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
-        except (OSError, pickle.PicklingError, TypeError, AttributeError, RecursionError):
-            return
+        self._store_pickle("scans", key, result)
 
     # -- size
 
@@ -428,7 +463,7 @@ class ScanCache:
 
     def _entries(self) -> list[Path]:
         out: list[Path] = []
-        for sub in ("units", "scans"):
+        for sub in ("units", "judged", "scans"):
             for dirpath, _, filenames in walk(self.directory / sub) if (self.directory / sub).is_dir() else []:
                 out.extend(Path(dirpath) / f for f in filenames if not f.startswith(".tmp"))
         return out
@@ -448,6 +483,51 @@ def read_unit_since(unit: Unit, *, root: Path, spec: str, since: Resume | None) 
 
     got = read_unit(dataclasses.replace(unit, reader=reader), root=root, spec=spec)
     return got, (kept[0] if not any(s.error for s in got.segments) else None)
+
+
+class _NoCanonicalForm(Exception):
+    """A value whose content cannot be fed to a digest the same way every time."""
+
+
+def _feed(h: Any, obj: Any, depth: int = 0) -> None:
+    """Feed a value's content to a digest, canonically: equal content, equal bytes, however the value's
+    objects are shared (a pickle of the same data differs with what it shares, so it cannot key)."""
+    if depth > 200:
+        raise _NoCanonicalForm("too deep")
+    tag = type(obj).__name__.encode()
+    if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
+        h.update(b"%s:%s;" % (tag, repr(obj).encode("utf-8", "surrogatepass")))
+    elif isinstance(obj, np.ndarray):
+        if obj.dtype == object:
+            raise _NoCanonicalForm("object array")
+        h.update(b"nd:%s:%s;" % (obj.dtype.str.encode(), repr(obj.shape).encode()))
+        h.update(np.ascontiguousarray(obj).data)
+    elif isinstance(obj, np.generic):
+        h.update(b"np:%s:%s;" % (obj.dtype.str.encode(), obj.tobytes()))
+    elif isinstance(obj, (list, tuple)):
+        h.update(b"%s[%d;" % (tag, len(obj)))
+        for x in obj:
+            _feed(h, x, depth + 1)
+    elif isinstance(obj, dict):
+        h.update(b"dict{%d;" % len(obj))
+        for k, v in obj.items():
+            _feed(h, k, depth + 1)
+            _feed(h, v, depth + 1)
+    elif dataclasses.is_dataclass(obj):
+        h.update(b"dc:%s.%s;" % (type(obj).__module__.encode(), tag))
+        for f in dataclasses.fields(obj):
+            h.update(f.name.encode() + b"=")
+            _feed(h, getattr(obj, f.name), depth + 1)
+    else:
+        raise _NoCanonicalForm(type(obj).__name__)
+
+
+def _settings_text(config: Any) -> str:
+    """The scan settings as text for a key, without where the work runs (``--jobs``, ``--dask``),
+    which never changes what a scan finds."""
+    if hasattr(config, "execution"):
+        config = dataclasses.replace(config, execution=type(config.execution)())
+    return repr(config)
 
 
 def _plain_state(state: dict[str, Any]) -> bool:

@@ -264,7 +264,7 @@ def test_scan_reuses_an_unchanged_scan_and_gives_the_report_a_fresh_scan_gives(t
     fresh = klwatch("scan", runs, "--format", "json", "-o", tmp_path / "fresh.json", "--no-cache")
     assert not list(private_scan_cache.rglob("*.arrow")) and not list(private_scan_cache.rglob("*.pickle"))
     first = klwatch("scan", runs, "--format", "json", "-o", tmp_path / "first.json")
-    assert list(private_scan_cache.rglob("*.arrow")) and len(list(private_scan_cache.rglob("*.pickle"))) == 1
+    assert list(private_scan_cache.rglob("*.arrow")) and len(list((private_scan_cache / "scans").rglob("*.pickle"))) == 1
     again = klwatch("scan", runs, "--format", "json", "-o", tmp_path / "again.json")
     assert fresh.returncode == first.returncode == again.returncode
     assert fresh.stderr == first.stderr == again.stderr
@@ -292,4 +292,29 @@ def test_check_reads_through_the_cache_too(tmp_path: Path, private_scan_cache: P
     b = klwatch("check", SAMPLES / "tensorboard")
     c = klwatch("check", SAMPLES / "tensorboard", "--no-cache")
     assert (a.returncode, a.stdout) == (b.returncode, b.stdout) == (c.returncode, c.stdout)
-    assert list(private_scan_cache.rglob("*.pickle"))
+    assert list((private_scan_cache / "scans").rglob("*.pickle"))
+
+
+def test_only_the_runs_whose_data_changed_are_judged_again(cache: ScanCache, tmp_path: Path, monkeypatch) -> None:
+    import klwatch.pipeline as pipeline
+
+    runs = tmp_path / "runs"
+    write_run(runs / "a", resumes=[30], buggy=True)
+    write_run(runs / "b", resumes=[40], buggy=False, seed=1)
+    config = ScanConfig()
+    judged: list[str] = []
+    real = pipeline.judge_lineage
+    monkeypatch.setattr(pipeline, "judge_lineage", lambda lin, **k: judged.append(lin.name) or real(lin, **k))
+    first = scan([str(runs)], config=config, read_unit=cache.read_unit, judge_cache=cache)
+    assert sorted(judged) == ["a", "b"]
+    judged.clear()
+    again = scan([str(runs)], config=config, read_unit=cache.read_unit, judge_cache=cache)
+    assert judged == [] and report_of(again) == report_of(first)
+    write_run(runs / "b", resumes=[], buggy=False, seed=2, start_wall=1_800_000_000.0)  # a new launch in b
+    judged.clear()
+    grown = scan([str(runs)], config=config, read_unit=cache.read_unit, judge_cache=cache)
+    assert len(judged) == 1 and judged[0].startswith("b")  # a's data did not change: not judged again
+    monkeypatch.undo()
+    assert report_of(grown) == report_of(scan([str(runs)], config=config))
+    other = dataclasses.replace(config, intentional_resets=(31,))  # other settings: judged afresh
+    assert report_of(scan([str(runs)], config=other, judge_cache=cache)) == report_of(scan([str(runs)], config=other))
