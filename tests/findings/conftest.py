@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -22,14 +24,38 @@ def _generate(out: Path, names: Sequence[str]) -> subprocess.Popen:
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+_early: dict[str, tuple[Path, list[subprocess.Popen]]] = {}
+
+
+def _start(root: Path) -> tuple[Path, list[subprocess.Popen]]:
+    """Two generator processes side by side, each writing half the scenarios."""
+    lanes = [SCENARIOS[0::2], SCENARIOS[1::2]]
+    return root, [_generate(root / f"lane{i}", names) for i, names in enumerate(lanes)]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start generating as soon as a selected test needs the samples: their ~20 s (a second of restart
+    gap per launch) then overlap the tests that run before, as the mlflow server's start does."""
+    if any("sample_root" in getattr(item, "fixturenames", ()) for item in session.items):
+        _early["samples"] = _start(Path(tempfile.mkdtemp(prefix="klwatch-test-findings-samples-")))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    early = _early.pop("samples", None)
+    if early is not None:
+        for p in early[1]:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+        shutil.rmtree(early[0], ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def sample_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every scenario the detectors are tested on, written by the sample generator (TensorBoard only,
-    for speed; two generator processes side by side). The restart gap stays at a second: tensorboardX
-    names event files by the second, so two launches within one would share a file name."""
-    root = tmp_path_factory.mktemp("samples")
-    lanes = [SCENARIOS[0::2], SCENARIOS[1::2]]
-    procs = [_generate(root / f"lane{i}", names) for i, names in enumerate(lanes)]
+    for speed), started when the session's tests were collected. The restart gap stays at a second:
+    tensorboardX names event files by the second, so two launches within one would share a file name."""
+    root, procs = _early.get("samples") or _start(tmp_path_factory.mktemp("samples"))
     for p in procs:
         out, _ = p.communicate(timeout=300)
         assert p.returncode == 0, out[-3000:]

@@ -275,7 +275,8 @@ def test_a_corrupt_file_is_an_error_segment_naming_it_and_the_rest_of_the_tree_i
     by_ref = {s.ref: s for s in read.segments}
     assert set(by_ref) == {f"bad/{good.name}", f"good/{good.name}", table.name}
     assert by_ref[f"bad/{good.name}"].error.startswith(f"bad/{good.name}: corrupt event file")
-    assert by_ref[f"bad/{good.name}"].store == str(bad)
+    assert by_ref[f"bad/{good.name}"].store == str(bad.parent.resolve())  # as its reader names an event file's store
+    assert by_ref[f"bad/{good.name}"].run_id == "bad"  # the run folder: it joins that training run
     assert by_ref[f"good/{good.name}"].error is None and "train/kl" in by_ref[f"good/{good.name}"].series
 
 
