@@ -2,7 +2,7 @@
 flagged run in the fleet table, opens it and sees the KL chart with its resume markers.
 
 Runs on ``sample_runs/`` when it holds a flagged run, else on a small fleet written to tmp. Set
-``KLWATCH_SCREENSHOT=docs/run-view.png`` to also save the run view there (the README's picture).
+``KLWATCH_SCREENSHOT=FILE`` to also save the run view there as a PNG.
 """
 
 from __future__ import annotations
