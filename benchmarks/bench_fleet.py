@@ -204,7 +204,7 @@ def in_process_cache(root: Path, steps: int) -> None:
             key = cache.scan_key(specs, config)
             got = cache.load_scan(key)
             if got is None:
-                got = scan(specs, config=config, read_unit=cache.read_unit)
+                got = scan(specs, config=config, read_unit=cache.read_unit, judge_cache=cache)
                 cache.store_scan(key, got)
             return got
 
@@ -218,7 +218,7 @@ def in_process_cache(root: Path, steps: int) -> None:
     print(f"    cold (empty cache, fills it) {cold:8.3f} s")
     print(f"    warm (fleet unchanged)       {warm:8.3f} s   no cache / warm: {nocache / warm:.1f}x (target >= 20x)")
     print(f"    after 2 files grew           {after:8.3f} s   no cache / that: {nocache / after:.1f}x "
-          "(every run judged again; only the grown files read, from where the cache stopped)")
+          "(only the grown files read, from where the cache stopped; only their runs judged again)")
 
 
 def bench_watch() -> None:

@@ -190,3 +190,35 @@ def test_a_fleet_past_the_point_budget_opens_nothing_by_itself_and_every_run_ope
             assert "min/max" in chart.locator(".gtitle").text_content()
         finally:
             browser.close()
+
+
+@pytest.mark.slow
+def test_the_100_run_4000_step_fleet_opens_and_every_run_opens_within_the_panel_cap(tmp_path: Path) -> None:
+    """Issue 15's fleet at full size (100 runs x 4,000 steps, as bench_dashboard.py --budget writes it),
+    with the default budgets: the fleet table lists every run and a clicked run draws each panel
+    within the cap. How long it takes is a benchmark figure (bench_dashboard.py --budget), not asserted."""
+    from playwright.sync_api import sync_playwright
+
+    from klwatch.dashboard.charts import PANEL_POINTS
+
+    root = tmp_path / "fleet"
+    _bench_writer()(root, runs=100, steps=4_000)
+    slow_ms = 6 * WAIT_MS  # a cold read of 2M points on a busy 2-core machine
+    with running_dashboard([str(root)], log=tmp_path / "dashboard.log") as url, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.goto(url, timeout=slow_ms)
+            page.locator("[data-testid=stDataFrame] table[role=grid]").first.wait_for(state="attached", timeout=slow_ms)
+            settled(page)
+            assert len(_rows(page)) >= 10
+            _click_name(page, 1)
+            rows = _rows(page)
+            chart = _chart(page, rows[1]["run"])
+            per_panel = page.evaluate("() => { const gd = document.querySelector('.st-key-run_chart .js-plotly-plot');"
+                                      " const n = {}; for (const t of gd._fullData) { if (!t.yaxis || !t.x) continue;"
+                                      " n[t.yaxis] = (n[t.yaxis] || 0) + t.x.length; } return n; }")
+            assert per_panel and max(per_panel.values()) <= PANEL_POINTS, per_panel
+            assert chart.count() == 1
+        finally:
+            browser.close()
