@@ -609,7 +609,11 @@ def _read_units(local: dict[int, _Local], *, workers: Workers, read_unit: Any,
     items = [(i, k) for i, state in local.items() for k in range(len(state.plan.units))]
     if not items:
         return
-    runner = workers.runner(len(items), worth_a_pool=_worth_a_pool([local[i].plan.units[k] for i, k in items],
+    to_read = [(local[i].plan, local[i].plan.units[k]) for i, k in items]
+    pending = getattr(read_unit, "__self__", None)
+    if hasattr(pending, "will_read"):  # a scan cache: count only what it will really read (changed files)
+        to_read = [(plan, u) for plan, u in to_read if pending.will_read(u, root=plan.root, spec=plan.spec)]
+    runner = workers.runner(len(items), worth_a_pool=_worth_a_pool([u for _, u in to_read],
                                                                    execution=workers.execution))
 
     def make(item: tuple[int, int]) -> tuple[Any, ...] | None:

@@ -275,6 +275,17 @@ class ScanCache:
         self._store_entry(key, fingerprint=fingerprint, got=got, resume=resume)
         return got
 
+    def will_read(self, unit: Unit, *, root: Path, spec: str) -> bool:
+        """Whether ``read_unit`` would read this unit (changed, grown or never cached) rather than serve
+        it whole from the cache: what a process pool is worth starting for."""
+        key = _key("unit", unit.kind, str(unit.path.resolve()), str(root), spec)
+        meta_path, _ = self._unit_paths(key)
+        try:
+            fingerprint = json.loads(meta_path.read_text(encoding="utf-8")).get("fingerprint")
+            return fingerprint != unit_fingerprint(unit)
+        except (OSError, ValueError, AttributeError):
+            return True
+
     def _load_entry(self, key: str) -> dict[str, Any] | None:
         """A unit's entry (its read rebuilt, fingerprint, resume point), or None when absent or not
         readable (a damaged entry is a miss, and removed)."""

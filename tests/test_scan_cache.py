@@ -318,3 +318,20 @@ def test_only_the_runs_whose_data_changed_are_judged_again(cache: ScanCache, tmp
     assert report_of(grown) == report_of(scan([str(runs)], config=config))
     other = dataclasses.replace(config, intentional_resets=(31,))  # other settings: judged afresh
     assert report_of(scan([str(runs)], config=other, judge_cache=cache)) == report_of(scan([str(runs)], config=other))
+
+
+def test_the_cache_says_which_units_a_scan_would_really_read(cache: ScanCache, tmp_path: Path) -> None:
+    """What a process pool is worth starting for: only files that changed since they were cached."""
+    from klwatch.sources.local import discover
+
+    runs = tmp_path / "runs"
+    write_run(runs / "a", resumes=[30], buggy=True)
+    write_run(runs / "b", resumes=[], buggy=False, seed=1)
+    units, _ = discover(runs, spec=str(runs))
+    assert all(cache.will_read(u, root=runs, spec=str(runs)) for u in units)
+    read_local(str(runs), read_unit=cache.read_unit)
+    assert not any(cache.will_read(u, root=runs, spec=str(runs)) for u in units)
+    (path,) = (runs / "b").glob("events.out.tfevents.*")
+    with open(path, "ab") as f:
+        f.write(b"\0" * 16)
+    assert [u.path for u in units if cache.will_read(u, root=runs, spec=str(runs))] == [path]
