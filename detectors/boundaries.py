@@ -84,12 +84,15 @@ def relogged_steps(series: dict[str, Series]) -> set[int]:
 
 
 def find_cuts(spine: Series, runtime: Series | None, *, config: BoundaryConfig,
-              relogged: set[int] | None = None, tentative: list[int] | None = None) -> list[tuple[int, list[Evidence]]]:
+              relogged: set[int] | None = None, tentative: list[int] | None = None,
+              one_process: bool = False) -> list[tuple[int, list[Evidence]]]:
     """Indices into ``spine`` where a new piece starts, with the evidence for each. ``relogged``:
     steps most series log twice (``relogged_steps``); a repeat there is a process logging again.
     ``tentative``, when given, also takes the routine-looking pauses (appended to it and returned as
     cuts): a restart re-attached to its tracker run between two checkpoints looks just like one, and
-    only the KL can tell (``pipeline.settle_tentative``)."""
+    only the KL can tell (``pipeline.settle_tentative``). ``one_process``: the log is one process's
+    (a TensorBoard event file: every writer, so every launch, opens a new one), so a clock gap in it
+    is a pause (a slow save, a stalled machine), never a restart by itself: tentative at most."""
     cuts: dict[int, list[Evidence]] = {}
     steps = spine.steps
     if len(steps) < 2:
@@ -125,7 +128,7 @@ def find_cuts(spine: Series, runtime: Series | None, *, config: BoundaryConfig,
     relogged = relogged or set()
     kept: list[tuple[int, list[Evidence]]] = []
     for i, ev in sorted(cuts.items()):
-        if _strong_enough(ev, routine_pause=i in pauses, relogged=int(steps[i]) in relogged):
+        if _strong_enough(ev, routine_pause=one_process or i in pauses, relogged=int(steps[i]) in relogged):
             kept.append((i, ev))
         elif tentative is not None and "time_gap" in ev:
             tentative.append(i)
@@ -173,7 +176,7 @@ def split_segment(segment: Segment, index: int, *, prefer: str | None, config: B
         return [Piece(dict(segment.series), index)]
     maybe: list[int] = []
     cuts = find_cuts(spine, segment.series.get("_runtime"), config=config, relogged=relogged_steps(segment.series),
-                     tentative=maybe)
+                     tentative=maybe, one_process=segment.kind == "tensorboard")
     if not cuts:
         return [Piece(dict(segment.series), index)]
     cut_times = None

@@ -171,3 +171,38 @@ def test_a_declared_restart_cuts_a_seamless_run():
     [b] = infer_boundaries([seg], pieces, metric="kl", checkpoint_steps=[], declared_steps=[41], config=CFG)
     assert b.step == 41 and b.evidence == ["declared"]
     assert len(pieces) == 2 and pieces[1].series["kl"].steps[0] == 41
+
+
+def _one_file_with_a_pause(folder, *, collapse: bool) -> None:
+    """One tensorboardX writer (one process) logging 80 steps, its clock stalling 10 minutes once at
+    step 41 (a slow save, a busy machine); with ``collapse`` the KL restarts from ~0 there too."""
+    from tensorboardX import SummaryWriter
+
+    writer = SummaryWriter(str(folder), flush_secs=3600)
+    wall = 1_700_000_000.0
+    for step in range(1, 81):
+        wall += 600.0 if step == 41 else 1.0
+        since = step - 40 if collapse and step > 40 else step
+        writer.add_scalar("train/kl_penalty", 0.05 * (1 - np.exp(-since / 8)) + 1e-4 * (step % 3), step, walltime=wall)
+        writer.add_scalar("train/loss", 1.0 / step, step, walltime=wall)
+    writer.close()
+
+
+def test_a_lone_pause_inside_one_event_file_is_no_restart(tmp_path):
+    """A TensorBoard event file is one process (every launch opens a new writer): a clock gap in it alone
+    is a pause, not a resume boundary."""
+    from klwatch.pipeline import scan
+
+    _one_file_with_a_pause(tmp_path / "run", collapse=False)
+    (result,) = scan([str(tmp_path)]).results
+    assert result.lineage.boundaries == [] and result.status == "ok"
+
+
+def test_a_pause_inside_one_event_file_where_the_kl_collapses_is_still_judged(tmp_path):
+    """Where the KL restarts from zero at the pause, the pause is kept as a boundary and judged."""
+    from klwatch.pipeline import scan
+
+    _one_file_with_a_pause(tmp_path / "run", collapse=True)
+    (result,) = scan([str(tmp_path)]).results
+    assert [b.step for b in result.lineage.boundaries] == [41]
+    assert result.status == "reference_reset"
