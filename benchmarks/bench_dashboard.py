@@ -52,27 +52,29 @@ sys.path.insert(0, str(REPO))
 TAGS = ("train/kl_penalty", "train/loss", "train/reward", "train/lr")
 
 
-def _masked_crc(data: bytes) -> int:
+def masked_crc(data: bytes) -> int:
+    """TFRecord's masked CRC-32C."""
     import google_crc32c
 
     crc = google_crc32c.value(data)
     return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-def _record(data: bytes) -> bytes:
+def tfrecord(data: bytes) -> bytes:
+    """One record as TensorBoard's writers frame it: length, its CRC, the data, its CRC."""
     header = struct.pack("<Q", len(data))
-    return header + struct.pack("<I", _masked_crc(header)) + data + struct.pack("<I", _masked_crc(data))
+    return header + struct.pack("<I", masked_crc(header)) + data + struct.pack("<I", masked_crc(data))
 
 
 def write_events(path: Path, *, steps: np.ndarray, wall: np.ndarray, values: dict[str, np.ndarray]) -> None:
     """One event file: a version record, then one Event per step with a simple_value per tag."""
     from tensorboard.compat.proto import event_pb2, summary_pb2
 
-    out = [_record(event_pb2.Event(wall_time=float(wall[0]), file_version="brain.Event:2").SerializeToString())]
+    out = [tfrecord(event_pb2.Event(wall_time=float(wall[0]), file_version="brain.Event:2").SerializeToString())]
     for i, step in enumerate(steps):
         summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=t, simple_value=float(v[i]))
                                              for t, v in values.items()])
-        out.append(_record(event_pb2.Event(wall_time=float(wall[i]), step=int(step), summary=summary).SerializeToString()))
+        out.append(tfrecord(event_pb2.Event(wall_time=float(wall[i]), step=int(step), summary=summary).SerializeToString()))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"".join(out))
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -38,29 +37,20 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_dashboard import tfrecord  # noqa: E402
+from bench_tensorboard import read_bare_protobuf  # noqa: E402
 from tensorboard.compat.proto import event_pb2, summary_pb2  # noqa: E402
 
 TAGS = ["train/kl_penalty", "train/loss", "train/reward", "train/entropy", "train/lr"]
 KLWATCH = [sys.executable, "-m", "klwatch.cli"]
 
 
-def _masked_crc(data: bytes) -> int:
-    import google_crc32c
-
-    crc = google_crc32c.value(data)
-    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def _record(data: bytes) -> bytes:
-    header = struct.pack("<Q", len(data))
-    return header + struct.pack("<I", _masked_crc(header)) + data + struct.pack("<I", _masked_crc(data))
-
-
 def _step_events(step: int, wall: float, values: list[float], *, batched: bool) -> list[bytes]:
     vals = [summary_pb2.Summary.Value(tag=t, simple_value=v) for t, v in zip(TAGS, values)]
     groups = [vals] if batched else [[v] for v in vals]
-    return [_record(event_pb2.Event(step=step, wall_time=wall, summary=summary_pb2.Summary(value=g))
+    return [tfrecord(event_pb2.Event(step=step, wall_time=wall, summary=summary_pb2.Summary(value=g))
                     .SerializeToString()) for g in groups]
 
 
@@ -75,7 +65,7 @@ def append_steps(path: Path, steps: range, *, batched: bool, seed: int = 0, ref_
     rng = np.random.default_rng(seed)
     out = bytearray()
     if not path.exists():
-        out += _record(event_pb2.Event(wall_time=1.7e9, file_version="brain.Event:2").SerializeToString())
+        out += tfrecord(event_pb2.Event(wall_time=1.7e9, file_version="brain.Event:2").SerializeToString())
     for step in steps:
         for rec in _step_events(step, 1.7e9 + step, _values(step, ref_at, rng), batched=batched):
             out += rec
@@ -100,18 +90,8 @@ def write_fleet(root: Path, *, runs: int, steps: int, batched: bool) -> list[Pat
 
 
 def bare_loop(paths: list[Path]) -> int:
-    """The floor: follow the lengths and parse every record with protobuf, touching each scalar."""
-    parse, count = event_pb2.Event.FromString, 0
-    for path in paths:
-        data = path.read_bytes()
-        pos = 0
-        while pos + 12 <= len(data):
-            (length,) = struct.unpack_from("<Q", data, pos)
-            for v in parse(data[pos + 12:pos + 12 + length]).summary.value:
-                if v.WhichOneof("value") == "simple_value":
-                    count += 1
-            pos += length + 16
-    return count
+    """The floor (``bench_tensorboard.read_bare_protobuf``) over every file of the fleet."""
+    return sum(read_bare_protobuf(path=p) for p in paths)
 
 
 def tbparse_read(root: Path) -> int:
@@ -191,8 +171,7 @@ def in_process_cache(root: Path, steps: int) -> None:
     from klwatch.pipeline import ScanConfig, scan
     from klwatch.scan_cache import ScanCache
 
-    import klwatch.findings  # noqa: F401 - imports are not what is measured here
-    import klwatch.sources.tensorboard  # noqa: F401
+    import klwatch.findings  # noqa: F401 - imports are not what is measured here (the reader came with bench_tensorboard)
 
     config = ScanConfig(execution=Execution(jobs=1))
     specs = [str(root)]

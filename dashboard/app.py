@@ -29,7 +29,7 @@ except ModuleNotFoundError as exc:  # `streamlit run dashboard/app.py` in a chec
     if exc.name != "klwatch":
         raise
     sys.exit("klwatch is not installed in this Python: run `bash scripts/setup.sh` (or `pip install -e .`) first.")
-from klwatch.comparison import Comparison, compare_runs, first_resume
+from klwatch.comparison import Comparison, first_resume
 from klwatch.model import BoundaryVerdict, Finding, Lineage, LineageResult
 from klwatch.pipeline import ScanConfig
 from klwatch.stitching import StitchConfig, load_lineage_file

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -52,14 +52,15 @@ def status_color(status: str, theme: str = "light") -> str:
     return (DARK_STATUS_COLORS if theme == "dark" else STATUS_COLORS).get(status, "#888")
 
 
-def _env_points(name: str, default: int) -> int:
+def env_count(name: str, default: int, *, least: int) -> int:
+    """A count the environment may set (``default`` when unset or not a number; never below ``least``)."""
     try:
-        return max(8, int(os.environ.get(name, default)))
+        return max(least, int(os.environ.get(name, default)))
     except ValueError:
         return default
 
 
-PANEL_POINTS = _env_points("KLWATCH_DASHBOARD_PANEL_POINTS", 6_000)
+PANEL_POINTS = env_count("KLWATCH_DASHBOARD_PANEL_POINTS", 6_000, least=8)
 """Points drawn per panel (all pieces, raw and smoothed together) before min/max thinning starts."""
 MAX_POINTS = PANEL_POINTS
 WEBGL_ABOVE = 2_000

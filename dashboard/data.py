@@ -43,7 +43,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from klwatch.comparison import Comparison, compare_runs
-
+from klwatch.dashboard.charts import env_count
 from klwatch.model import Finding, Lineage, LineageResult, ScanResult, SourceRead
 from klwatch.pipeline import ScanConfig, judge_lineage, judge_reads, read_sources
 from klwatch.redact import redact_spec, scrub
@@ -64,14 +64,7 @@ FINDING_SEVERITIES = ("error", "warning")
 """Findings that turn a shown ``ok`` into ``ok, with findings`` (``info`` ones are listed, not raised)."""
 
 
-def _env_int(name: str, default: int) -> int:
-    try:
-        return max(4, int(os.environ.get(name, default)))
-    except ValueError:
-        return default
-
-
-POINT_BUDGET = _env_int("KLWATCH_DASHBOARD_POINT_BUDGET", 200_000)
+POINT_BUDGET = env_count("KLWATCH_DASHBOARD_POINT_BUDGET", 200_000, least=4)
 """A run is opened by itself (the first flagged one) only when its pieces hold at most this many
 points: a wrongly stitched lineage of a whole fleet must never be what a page load pays for."""
 

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from .model import Segment, SourceError, SourceRead
-from .scan_cache import can_read_on, log_anchor, read_unit_since, unit_fingerprint
+from .scan_cache import can_read_on, checkpoint_entries, log_anchor, read_unit_since, unit_fingerprint
 from .sources import read_source
 from .sources.limits import Budget, LimitExceeded, ReadLimits, reading, walk
-from .sources.local import CHECKPOINT_DIR, Unit, UnitRead, read_local
+from .sources.local import Unit, UnitRead, read_local
 from .sources.resume import Resume
 
 
@@ -59,11 +59,7 @@ def _fingerprint(unit: Unit) -> tuple[Any, ...]:
     if unit.kind == "checkpoints":  # the checkpoint folders and their top-level files, never the weights
         out: list[Any] = [_stat(path)]
         with contextlib.suppress(OSError):
-            for d in sorted(path.iterdir()):
-                if d.is_dir() and CHECKPOINT_DIR.match(d.name):
-                    out.append((d.name, _stat(d)))
-                    with contextlib.suppress(OSError):
-                        out.extend((d.name, f.name, _stat(f)) for f in sorted(d.iterdir()) if f.is_file())
+            out.extend((*names, _stat(p)) for p, names in checkpoint_entries(path))
         return tuple(out)
     out = []
     for dirpath, _, filenames in walk(path):  # wandb run folders, mlruns trees (no recursion on depth)

@@ -112,6 +112,18 @@ def _stat(p: Path) -> list[int]:
         return [-1, -1]
 
 
+def checkpoint_entries(path: Path) -> list[tuple[Path, tuple[str, ...]]]:
+    """What a checkpoint parent's reader looks at, in order: each checkpoint folder ``(name,)`` and the
+    files at its top ``(name, file)``, never the weights deeper down."""
+    out: list[tuple[Path, tuple[str, ...]]] = []
+    for d in sorted(path.iterdir()):
+        if d.is_dir() and CHECKPOINT_DIR.match(d.name):
+            out.append((d, (d.name,)))
+            with contextlib.suppress(OSError):
+                out.extend((f, (d.name, f.name)) for f in sorted(d.iterdir()) if f.is_file())
+    return out
+
+
 def unit_fingerprint(unit: Unit) -> dict[str, Any]:
     """What must be unchanged for a unit's cached read to stand: its file's identity; for a W&B run
     folder, its ``.wandb`` logs' (the reader reads nothing else); for folders read whole (an mlruns
@@ -129,13 +141,8 @@ def unit_fingerprint(unit: Unit) -> dict[str, Any]:
                 logs[p.name] = file_identity(p) if p.is_file() else {"kind": "not a file"}
         return {"logs": logs}
     listing: list[Any] = []
-    if unit.kind == "checkpoints":  # the checkpoint folders and their top-level files, never the weights
-        for d in sorted(path.iterdir()):
-            if d.is_dir() and CHECKPOINT_DIR.match(d.name):
-                listing.append([d.name, _stat(d)])
-                with contextlib.suppress(OSError):
-                    listing.extend([d.name, f.name, _stat(f)] for f in sorted(d.iterdir()) if f.is_file())
-        return {"listing": listing}
+    if unit.kind == "checkpoints":
+        return {"listing": [[*names, _stat(p)] for p, names in checkpoint_entries(path)]}
     for dirpath, _, filenames in walk(path):
         for f in filenames:
             p = Path(dirpath) / f
@@ -190,16 +197,19 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def _plain(seg: Segment) -> dict[str, Any] | None:
-    """A Segment's fields other than its series, as JSON data; None when JSON would change one (a
-    tuple, a non-string key, a NaN, a date from a YAML config): such a unit is not cached."""
-    fields = {name: getattr(seg, name) for name in _FIELDS}
+def _through_json(data: Any) -> Any | None:
+    """``data`` as it comes back from JSON; None when JSON would change it (a tuple, a non-string key,
+    a NaN, a date from a YAML config): what holds such a value is not cached."""
     try:
-        text = json.dumps(fields, allow_nan=False)
+        back = json.loads(json.dumps(data, allow_nan=False))
     except (TypeError, ValueError):
         return None
-    back = json.loads(text)
-    return back if _same(back, fields) else None
+    return back if _same(back, data) else None
+
+
+def _plain(seg: Segment) -> dict[str, Any] | None:
+    """A Segment's fields other than its series, as JSON data (``_through_json``)."""
+    return _through_json({name: getattr(seg, name) for name in _FIELDS})
 
 
 def _columns(segments: Sequence[Segment]) -> tuple[list[list[Any]], dict[str, np.ndarray]]:
@@ -323,7 +333,7 @@ class ScanCache:
         segments = list(got.segments)
         resume_meta = None
         rfields = _plain(resume.segment) if resume is not None and len(got.segments) == 1 else None
-        if resume is not None and rfields is not None and _plain_state(resume.state):
+        if resume is not None and rfields is not None and _through_json(resume.state) is not None:
             base = got.segments[0]  # a resumable reader gives one Segment per log
             own = list(resume.segment.series) != list(base.series) or any(
                 resume.segment.series[n] is not base.series[n] for n in base.series)
@@ -539,13 +549,6 @@ def _settings_text(config: Any) -> str:
     if hasattr(config, "execution"):
         config = dataclasses.replace(config, execution=type(config.execution)())
     return repr(config)
-
-
-def _plain_state(state: dict[str, Any]) -> bool:
-    try:
-        return _same(json.loads(json.dumps(state, allow_nan=False)), state)
-    except (TypeError, ValueError):
-        return False
 
 
 def _resumable_reader(kind: str) -> Any:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,10 +21,11 @@ from typer.testing import CliRunner
 
 from klwatch.cli import app
 from klwatch.model import LineageResult, ScanResult, is_damage_warning
-from klwatch.pipeline import ScanConfig, scan
+from klwatch.pipeline import scan
 from klwatch.report import EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, exit_code, render_markdown, render_table, to_dict
 from spec_shape import check_report
 from tb_runs import write_run
+from wandb_offline import offline_env
 
 
 def _event_files(folder: Path) -> list[Path]:
@@ -183,10 +183,7 @@ def wandb_resumed(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     root = tmp_path_factory.mktemp("wandb-incomplete")
     (root / "writer.py").write_text(WRITER)
     (root / "plan.json").write_text(json.dumps([{"first": 1, "last": 40, "ref": 0}, {"first": 41, "last": 80, "ref": 0}]))
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(root), "WANDB_SILENT": "true",
-           "WANDB_CONSOLE": "off", "WANDB_DISABLE_GIT": "true", "WANDB_CACHE_DIR": str(root / "cache"),
-           "WANDB_CONFIG_DIR": str(root / "config")}
-    env.pop("WANDB_BASE_URL", None)
+    env = offline_env(root)
     subprocess.run([sys.executable, str(root / "writer.py"), str(root / "plan.json")], env=env, check=True,
                    timeout=240, cwd=root)
     folders = sorted((root / "wandb").glob("offline-run-*"))

@@ -13,7 +13,7 @@ import re
 import shutil
 from pathlib import Path
 
-from chromium import ARGS, CHROMIUM, WAIT_MS, needs_chromium, settled
+from chromium import ARGS, CHROMIUM, WAIT_MS, fleet_rows, needs_chromium, settled, tick_run
 from dashboard_runs import write_fleet
 from dashboard_server import REPO, running_dashboard
 
@@ -26,24 +26,6 @@ def _sources(tmp_path: Path) -> list[str]:
     if sample.is_dir() and any(p.is_dir() and not p.name.startswith(("_", ".")) for p in sample.iterdir()):
         return [str(sample)]
     return [str(write_fleet(tmp_path / "runs"))]
-
-
-def _rows(page) -> list[dict[str, str]]:
-    """The fleet table as its accessible grid holds it (the visible grid is a canvas)."""
-    grid = page.locator("[data-testid=stDataFrame]").first.locator("table[role=grid]")
-    header = [c.inner_text().strip() for c in grid.locator("th").all()]
-    rows = []
-    for tr in grid.locator("tbody tr").all():
-        cells = [c.inner_text().strip() for c in tr.locator("td").all()]
-        rows.append(dict(zip(header, cells)))
-    return rows
-
-
-def _click_row(page, index: int) -> None:
-    """Tick the row's selection box on the grid's canvas (header and rows are 35 px tall)."""
-    box = page.locator("[data-testid=stDataFrame]").first.bounding_box()
-    assert box is not None
-    page.mouse.click(box["x"] + 18, box["y"] + 35 + 35 * index + 17)
 
 
 _settled = settled
@@ -75,7 +57,7 @@ def test_flagged_run_opens_from_the_fleet_table_with_its_resume_markers(tmp_path
             page.goto(url, timeout=WAIT_MS)
             page.locator("[data-testid=stDataFrame] table[role=grid]").first.wait_for(state="attached", timeout=WAIT_MS)
             _settled(page)
-            rows = _rows(page)  # the rows in view (the grid renders only those)
+            rows = fleet_rows(page)  # the rows in view (the grid renders only those)
             flagged = [i for i, r in enumerate(rows) if r.get("status") == "reference_reset"]
             assert flagged, f"no flagged run in the fleet table: {rows}"
             others = [i for i, r in enumerate(rows) if r.get("status") != "reference_reset"] or flagged[1:]
@@ -83,14 +65,14 @@ def test_flagged_run_opens_from_the_fleet_table_with_its_resume_markers(tmp_path
 
             # open another run first (a healthy one if one is in view), so the flagged one truly opens
             other = rows[others[0]]
-            _click_row(page, others[0])
+            tick_run(page, others[0])
             other_markers = _open_run(page, other["run"])
             assert re.search(r"[?&]run=", page.url)
             assert any(m.startswith("RESET") for m in other_markers) == (other["status"] == "reference_reset"), other_markers
 
             # then the flagged one, from the same table: its chart carries a RESET label at the resume
             bad_name = rows[flagged[0]]["run"]
-            _click_row(page, flagged[0])
+            tick_run(page, flagged[0])
             markers = _open_run(page, bad_name)
             resets = [m for m in markers if m.startswith("RESET")]
             assert resets, markers

@@ -4,41 +4,13 @@ middle is one row of the fleet marked incomplete (not a healthy-looking run besi
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-from chromium import ARGS, CHROMIUM, WAIT_MS, needs_chromium, settled
+from chromium import ARGS, CHROMIUM, WAIT_MS, click_run_name, fleet_rows_when, needs_chromium, settled
 from dashboard_runs import write_run
 from dashboard_server import running_dashboard
 
 pytestmark = needs_chromium
-
-
-def _rows(page) -> list[dict[str, str]]:
-    """The fleet table as its accessible grid holds it (the visible grid is a canvas)."""
-    grid = page.locator("[data-testid=stDataFrame]").first.locator("table[role=grid]")
-    header = [c.inner_text().strip() for c in grid.locator("th").all()]
-    return [dict(zip(header, [c.inner_text().strip() for c in tr.locator("td").all()]))
-            for tr in grid.locator("tbody tr").all()]
-
-
-def _rows_when(page, ready, what: str) -> list[dict[str, str]]:
-    """The table rows once ``ready(rows)`` holds, within the deadline (the page may still be redrawing)."""
-    deadline = time.monotonic() + WAIT_MS / 1000
-    while True:
-        settled(page)
-        rows = _rows(page)
-        if ready(rows):
-            return rows
-        assert time.monotonic() < deadline, f"{what}: {rows}"
-        page.wait_for_timeout(250)  # a poll interval while the page redraws, not a fixed pause before an assertion
-
-
-def _click_name(page, index: int) -> None:
-    """Click the run's name cell: the whole row opens the run."""
-    box = page.locator("[data-testid=stDataFrame]").first.bounding_box()
-    assert box is not None
-    page.mouse.click(box["x"] + 140, box["y"] + 35 + 35 * index + 17)
 
 
 def write_corrupt_fleet(root: Path) -> tuple[Path, str]:
@@ -63,14 +35,14 @@ def test_a_run_with_a_corrupt_post_resume_file_is_marked_incomplete_in_fleet_and
             page = browser.new_page(viewport={"width": 1400, "height": 1100})
             page.goto(url, timeout=WAIT_MS)
             page.locator("[data-testid=stDataFrame] table[role=grid]").first.wait_for(state="attached", timeout=WAIT_MS)
-            rows = _rows_when(page, lambda rs: len(rs) == 2, "the fleet never showed the two runs")
+            rows = fleet_rows_when(page, lambda rs: len(rs) == 2, "the fleet never showed the two runs")
             by_name = {r["run"]: (i, r) for i, r in enumerate(rows)}
             assert set(by_name) == {"grpo-healthy", "grpo-corrupt"}  # no separate error row
             assert by_name["grpo-corrupt"][1]["incomplete"].startswith("⚠ incomplete")
             assert by_name["grpo-healthy"][1]["incomplete"] in ("", "-")
             assert "incomplete: 1" in page.locator("[data-testid=stMarkdown]", has_text="incomplete:").first.inner_text()
 
-            _click_name(page, by_name["grpo-corrupt"][0])
+            click_run_name(page, by_name["grpo-corrupt"][0])
             page.locator(".st-key-run_view h2", has_text="grpo-corrupt").wait_for(timeout=WAIT_MS)
             box = page.locator(".st-key-run_incomplete")
             box.wait_for(timeout=WAIT_MS)
@@ -81,7 +53,7 @@ def test_a_run_with_a_corrupt_post_resume_file_is_marked_incomplete_in_fleet_and
 
             # the filter state, from a link: only the incomplete run is listed
             page.goto(f"{url}/?incomplete=1", timeout=WAIT_MS)
-            rows = _rows_when(page, lambda rs: [r["run"] for r in rs] == ["grpo-corrupt"],
+            rows = fleet_rows_when(page, lambda rs: [r["run"] for r in rs] == ["grpo-corrupt"],
                               "Only incomplete did not keep the corrupt run alone")
         finally:
             browser.close()

@@ -12,51 +12,16 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import time
 from pathlib import Path
 
 import pytest
 
-from chromium import ARGS, CHROMIUM, WAIT_MS, needs_chromium, settled
+from chromium import (ARGS, CHROMIUM, WAIT_MS, click_run_name, fleet_rows, fleet_rows_when, needs_chromium,
+                      points_per_panel, run_chart, settled)
 from dashboard_runs import write_findings_fleet
 from dashboard_server import REPO, running_dashboard
 
 pytestmark = needs_chromium
-
-
-def _rows(page) -> list[dict[str, str]]:
-    """The fleet table as its accessible grid holds it (the visible grid is a canvas)."""
-    grid = page.locator("[data-testid=stDataFrame]").first.locator("table[role=grid]")
-    header = [c.inner_text().strip() for c in grid.locator("th").all()]
-    return [dict(zip(header, [c.inner_text().strip() for c in tr.locator("td").all()]))
-            for tr in grid.locator("tbody tr").all()]
-
-
-def _rows_when(page, ready, what: str) -> list[dict[str, str]]:
-    """The table rows once ``ready(rows)`` holds (findings arrive from the background), within the deadline."""
-    deadline = time.monotonic() + WAIT_MS / 1000
-    while True:
-        settled(page)
-        rows = _rows(page)
-        if ready(rows):
-            return rows
-        assert time.monotonic() < deadline, f"{what}: {rows}"
-        page.wait_for_timeout(250)  # a poll interval while the page redraws, not a fixed pause before an assertion
-
-
-def _click_name(page, index: int) -> None:
-    """Click the run's name cell (not its selection box): the whole row opens the run."""
-    box = page.locator("[data-testid=stDataFrame]").first.bounding_box()
-    assert box is not None
-    page.mouse.click(box["x"] + 140, box["y"] + 35 + 35 * index + 17)
-
-
-def _chart(page, name: str):
-    """The run chart once it is drawn for ``name``."""
-    page.wait_for_function("(name) => [...document.querySelectorAll('.st-key-run_chart .gtitle')]"
-                           ".some(t => t.textContent.startsWith(name + ':'))", arg=name, timeout=WAIT_MS)
-    settled(page)
-    return page.locator(".st-key-run_chart .js-plotly-plot")
 
 
 def _shot(locator, name: str, tmp_path: Path) -> None:
@@ -91,7 +56,7 @@ def test_findings_compare_and_dark_mode_in_the_browser(tmp_path: Path) -> None:
             page = browser.new_page(viewport={"width": 1400, "height": 1100})
             page.goto(url, timeout=WAIT_MS)
             page.locator("[data-testid=stDataFrame] table[role=grid]").first.wait_for(state="attached", timeout=WAIT_MS)
-            rows = _rows_when(page, lambda rs: any(r.get("status") == "ok, with findings" for r in rs),
+            rows = fleet_rows_when(page, lambda rs: any(r.get("status") == "ok, with findings" for r in rs),
                               "the finding run never showed 'ok, with findings'")
             by_name = {r["run"]: (i, r) for i, r in enumerate(rows)}
             assert by_name["grpo-lr-restart"][1]["status"] == "ok, with findings"
@@ -101,9 +66,9 @@ def test_findings_compare_and_dark_mode_in_the_browser(tmp_path: Path) -> None:
             _shot_clip(page, page.locator("[data-testid=stMainBlockContainer]"), tmp_path)
 
             # the flagged run opened by itself; a click on the finding run's name opens it
-            _chart(page, "grpo-resume-buggy")
-            _click_name(page, by_name["grpo-lr-restart"][0])
-            chart = _chart(page, "grpo-lr-restart")
+            run_chart(page, "grpo-resume-buggy")
+            click_run_name(page, by_name["grpo-lr-restart"][0])
+            chart = run_chart(page, "grpo-lr-restart")
             marks = [t.strip() for t in chart.locator("g.annotation text").all_text_contents()]
             assert "◆ lr_schedule_restart" in marks
             assert "ok, with findings" in page.locator(".st-key-run_view").inner_text()
@@ -111,14 +76,14 @@ def test_findings_compare_and_dark_mode_in_the_browser(tmp_path: Path) -> None:
 
             # Back: the run opened before
             page.go_back()
-            _chart(page, "grpo-resume-buggy")
+            run_chart(page, "grpo-resume-buggy")
             assert "grpo-resume-buggy" in page.locator(".st-key-run_view h2").inner_text()
 
             # compare: the control run's KL over the resumed one's, and where they part
             buggy = re.search(r"run=([^&]+)", page.url).group(1)
             control = buggy.replace("grpo-resume-buggy", "grpo-control")
             page.goto(f"{url}/?run={buggy}&control={control}", timeout=WAIT_MS)
-            chart = _chart(page, "grpo-resume-buggy")
+            chart = run_chart(page, "grpo-resume-buggy")
             texts = " ".join(chart.locator("g.annotation text, g.legend text").all_text_contents())
             assert "control: grpo-control" in texts
             assert "parted at step 6" in texts  # the KL collapses at the resume (61)
@@ -130,7 +95,7 @@ def test_findings_compare_and_dark_mode_in_the_browser(tmp_path: Path) -> None:
             # dark mode: the panel titles and the chart title read against the page's background
             dark = browser.new_page(viewport={"width": 1400, "height": 1100}, color_scheme="dark")
             dark.goto(f"{url}/?run={buggy}", timeout=WAIT_MS)
-            _chart(dark, "grpo-resume-buggy")
+            run_chart(dark, "grpo-resume-buggy")
             background = dark.evaluate("() => getComputedStyle(document.querySelector('.stApp')).backgroundColor")
             fills = dark.evaluate("() => [...document.querySelectorAll('.st-key-run_chart .gtitle, "
                                   ".st-key-run_chart g.annotation text')].filter(t => !t.closest('g.annotation')"
@@ -178,14 +143,11 @@ def test_a_fleet_past_the_point_budget_opens_nothing_by_itself_and_every_run_ope
             page.get_by_text("No run opened by itself").wait_for(timeout=WAIT_MS)
             settled(page)
             assert page.locator(".st-key-run_chart").count() == 0
-            rows = _rows(page)
+            rows = fleet_rows(page)
             assert len(rows) >= 10
-            _click_name(page, 0)
-            chart = _chart(page, rows[0]["run"])
-            # the points plotly drew, per panel (its full data: the typed arrays decoded)
-            per_panel = page.evaluate("() => { const gd = document.querySelector('.st-key-run_chart .js-plotly-plot');"
-                                      " const n = {}; for (const t of gd._fullData) { if (!t.yaxis || !t.x) continue;"
-                                      " n[t.yaxis] = (n[t.yaxis] || 0) + t.x.length; } return n; }")
+            click_run_name(page, 0)
+            chart = run_chart(page, rows[0]["run"])
+            per_panel = points_per_panel(page)
             assert per_panel and max(per_panel.values()) <= 500, per_panel
             assert "min/max" in chart.locator(".gtitle").text_content()
         finally:
@@ -211,13 +173,11 @@ def test_the_100_run_4000_step_fleet_opens_and_every_run_opens_within_the_panel_
             page.goto(url, timeout=slow_ms)
             page.locator("[data-testid=stDataFrame] table[role=grid]").first.wait_for(state="attached", timeout=slow_ms)
             settled(page)
-            assert len(_rows(page)) >= 10
-            _click_name(page, 1)
-            rows = _rows(page)
-            chart = _chart(page, rows[1]["run"])
-            per_panel = page.evaluate("() => { const gd = document.querySelector('.st-key-run_chart .js-plotly-plot');"
-                                      " const n = {}; for (const t of gd._fullData) { if (!t.yaxis || !t.x) continue;"
-                                      " n[t.yaxis] = (n[t.yaxis] || 0) + t.x.length; } return n; }")
+            assert len(fleet_rows(page)) >= 10
+            click_run_name(page, 1)
+            rows = fleet_rows(page)
+            chart = run_chart(page, rows[1]["run"])
+            per_panel = points_per_panel(page)
             assert per_panel and max(per_panel.values()) <= PANEL_POINTS, per_panel
             assert chart.count() == 1
         finally:

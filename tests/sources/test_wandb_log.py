@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import struct
 import subprocess
@@ -25,6 +24,7 @@ from klwatch.sources import read_source
 from klwatch.sources.local import ReadError, read_local
 from klwatch.sources.wandb_log import BLOCK, read_wandb_run_dir
 from wandb_framing import frame_wandb_log
+from wandb_offline import offline_env
 
 CONFIG = {"lr": 1e-6, "kl_coef": 0.05, "model": {"name": "qwen", "size": 7}}
 
@@ -94,10 +94,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("wandb-offline")
     script = root / "writer.py"
     script.write_text(WRITER)
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(root), "WANDB_SILENT": "true",
-           "WANDB_CONSOLE": "off", "WANDB_DISABLE_GIT": "true", "WANDB_CACHE_DIR": str(root / "cache"),
-           "WANDB_CONFIG_DIR": str(root / "config")}
-    env.pop("WANDB_BASE_URL", None)
+    env = offline_env(root)
     folders: dict[str, Path] = {}
     for process in ("first", "second"):
         (root / f"{process}.json").write_text(json.dumps(PLAN[process]))
