@@ -49,6 +49,15 @@ _EXCLUDED_WORDS = re.compile(r"(ppo_kl|approx_?kl|policy_?kl|kl_error|kl_coef|kl
 _KL_LEAF = re.compile(r"^(ref_?)?kl(_(penalty|loss|div|divergence|mean|avg|ref|to_ref|reference))*"
                       r"(_(mean|avg))?$|^(mean|avg)_kl$|^reward_kl_penalty$", re.I)
 
+# What klwatch's own resume guard logs from inside training (``klwatch.integrations``), read back by the
+# ``training_guard`` finding; trackers may prefix them (``train/``).
+GUARD_REFERENCE_MATCH = "klwatch/reference_match"
+"""1 when a resumed launch's reference matches the fingerprint recorded at the first launch, 0 when not."""
+GUARD_RESUME_RESET = "klwatch/resume_reset"
+"""1 when the guard's KL judge calls the latest resume a reference reset, 0 otherwise."""
+GUARD_RESUME_SCORE = "klwatch/resume_reset_score"
+"""The guard's KL judge's posterior that the latest resume reset the reference."""
+
 # Framework global-step metrics that win over the tracker's own step.
 STEP_AXIS_METRICS: tuple[str, ...] = ("train/global_step", "training/global_step", "train/step")
 

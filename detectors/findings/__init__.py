@@ -21,11 +21,12 @@ from .lost_steps import LostSteps, LostStepsConfig
 from .lr_schedule_restart import LrScheduleRestart, LrScheduleRestartConfig
 from .optimizer_state_lost import OptimizerStateLost, OptimizerStateLostConfig
 from .suspected_restart import SuspectedRestart, SuspectedRestartConfig
+from .training_guard import TrainingGuard, TrainingGuardConfig
 
 DETECTORS: dict[str, type[FindingDetector]] = {
     cls.name: cls
     for cls in (LrScheduleRestart, OptimizerStateLost, DataOrderRestart, KlCoefReset, LostSteps,
-                SuspectedRestart, KlRatchet)
+                SuspectedRestart, KlRatchet, TrainingGuard)
 }
 """Every finding detector by its name (the name ``--fail-on`` and the report use)."""
 
@@ -60,5 +61,5 @@ __all__ = [
     "LrScheduleRestart", "LrScheduleRestartConfig", "OptimizerStateLost", "OptimizerStateLostConfig",
     "DataOrderRestart", "DataOrderRestartConfig", "KlCoefReset", "KlCoefResetConfig",
     "LostSteps", "LostStepsConfig", "SuspectedRestart", "SuspectedRestartConfig",
-    "KlRatchet", "KlRatchetConfig",
+    "KlRatchet", "KlRatchetConfig", "TrainingGuard", "TrainingGuardConfig",
 ]

@@ -15,7 +15,7 @@ from klwatch.report import lineage_dict
 
 def test_every_detector_is_registered_under_the_name_of_its_module():
     assert set(DETECTORS) == {"lr_schedule_restart", "optimizer_state_lost", "data_order_restart", "kl_coef_reset",
-                              "lost_steps", "suspected_restart", "kl_ratchet"}
+                              "lost_steps", "suspected_restart", "kl_ratchet", "training_guard"}
     for name, cls in DETECTORS.items():
         assert cls.name == name
         assert importlib.import_module(f"klwatch.findings.{name}").__dict__[cls.__name__] is cls

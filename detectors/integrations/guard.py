@@ -1,0 +1,170 @@
+"""The resume guard: the reference fingerprint and the streaming KL judge, inside the training process.
+
+Any framework calls it at two places: ``start`` at every launch, once its reference policy is built and
+before the first step; ``update`` for every logged KL point. ``start`` records the reference's
+fingerprint at the first launch and compares it at every resumed one (an exact check, before any
+compute is spent); ``update`` judges the first logged KL points after a resume with the detector
+``klwatch scan`` uses (``ReferenceResetDetector``'s streaming form), for when the reference cannot be
+seen. What a reset does is the caller's choice: warn, ask the loop to stop (``should_stop``), or raise.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ..declarations import reference_schedules
+from ..metrics import GUARD_REFERENCE_MATCH, GUARD_RESUME_RESET, GUARD_RESUME_SCORE
+from ..model import BoundaryVerdict
+from ..reference_reset import ReferenceResetDetector, StreamingReferenceReset
+from .reference import ReferenceCheck, ReferenceRecordError, Weights, compare, fingerprint, load_record, write_record
+
+OnReset = Literal["warn", "stop", "raise"]
+ON_RESET: tuple[str, ...] = ("warn", "stop", "raise")
+
+# the names the guard logs under (their home is klwatch.metrics, where the training_guard finding reads them)
+REFERENCE_MATCH_METRIC = GUARD_REFERENCE_MATCH
+RESUME_RESET_METRIC = GUARD_RESUME_RESET
+RESUME_SCORE_METRIC = GUARD_RESUME_SCORE
+
+log = logging.getLogger("klwatch.guard")
+
+
+class ReferenceResetError(RuntimeError):
+    """Raised by a guard set to ``on_reset="raise"``; ``event`` says what was found."""
+
+    def __init__(self, event: GuardEvent) -> None:
+        super().__init__(event.message)
+        self.event = event
+
+
+class ReferenceResetWarning(UserWarning):
+    """Issued by a guard set to ``on_reset="warn"`` (or ``"stop"``)."""
+
+
+@dataclass(frozen=True)
+class GuardEvent:
+    """What the guard concluded at one step: from the weights (``check``) or from the KL (``verdict``)."""
+
+    step: int
+    reset: bool
+    message: str
+    check: ReferenceCheck | None = None
+    verdict: BoundaryVerdict | None = None
+
+    def metrics(self) -> dict[str, float]:
+        """The event as tracker metrics, so ``klwatch scan`` and the dashboard see what the guard saw."""
+        if self.check is not None:
+            return {REFERENCE_MATCH_METRIC: 1.0 if self.check.matches else 0.0}
+        assert self.verdict is not None
+        return {RESUME_RESET_METRIC: 1.0 if self.reset else 0.0, RESUME_SCORE_METRIC: float(self.verdict.score)}
+
+
+@dataclass
+class ResumeGuard:
+    """Record or check the reference at each launch, judge the KL after each resume, act on a reset.
+
+    ``record`` is the fingerprint file (beside the checkpoints, so it travels with them). ``config`` is
+    the run's config: a declared reference update (TRL's ``sync_ref_model``, ...) makes a moved reference
+    intentional, so its fingerprint is recorded but not compared, and the KL judge calls a drop at a
+    declared update ``intentional``. ``write`` is False on every process but the main one.
+    """
+
+    record: Path
+    on_reset: OnReset = "warn"
+    config: Mapping[str, Any] = field(default_factory=dict)
+    check_reference: bool = True
+    judge_kl: bool = True
+    write: bool = True
+    name: str = "run"
+    detector: ReferenceResetDetector = field(default_factory=ReferenceResetDetector)
+    events: list[GuardEvent] = field(default_factory=list)
+    should_stop: bool = False
+    """Set by a reset when ``on_reset="stop"``: the training loop should end cleanly."""
+
+    def __post_init__(self) -> None:
+        if self.on_reset not in ON_RESET:
+            raise ValueError(f"on_reset must be one of {', '.join(ON_RESET)}, not {self.on_reset!r}")
+        self.record = Path(self.record)
+        self.config = dict(self.config)
+        self._stream: StreamingReferenceReset = self.detector.stream(name=self.name, config=self.config)
+        self._resumed = False
+
+    @property
+    def reference_declared_moving(self) -> bool:
+        """True when the run's config declares updates of the reference (it moves by design)."""
+        return bool(reference_schedules(self.config))
+
+    def start(self, reference: Weights | None, *, step: int, source: str | None = None, revision: str | None = None,
+              history: Iterable[tuple[int, float]] = ()) -> GuardEvent | None:
+        """One launch, after the reference is built and before the first step.
+
+        ``step`` is the step training goes on from (0 at the first launch); ``history`` the KL points
+        logged before it (the earlier launches'), which the KL judge compares the new ones with;
+        ``reference`` the reference's weights (None when the caller cannot see them)."""
+        for s, kl in history:
+            if s <= step:
+                self._stream.update(int(s), float(kl))
+        if step > 0 and self.judge_kl:
+            self._stream.resume(resumed_from_step=step)
+            self._resumed = True
+        if reference is None or not self.check_reference:
+            return None
+        if step <= 0:
+            if self.write:
+                write_record(fingerprint(reference, source=source, revision=revision), self.record)
+            return None
+        if not self.record.exists():
+            log.warning("klwatch: nothing recorded at %s (the guard was not on at the first launch); recording this "
+                        "launch's reference, later resumes are checked against it", self.record)
+            if self.write:
+                write_record(fingerprint(reference, source=source, revision=revision), self.record)
+            return None
+        try:
+            recorded = load_record(self.record)
+        except ReferenceRecordError as exc:  # not a reset, and not ours to overwrite: say so, train on
+            warnings.warn(f"klwatch: the reference cannot be checked: {exc}", ReferenceResetWarning, stacklevel=2)
+            return None
+        check = compare(recorded, fingerprint(reference, source=source, revision=revision), record=self.record)
+        if not check.matches and self.reference_declared_moving:
+            log.info("klwatch: the reference moved since %s, as the run's config declares reference updates; "
+                     "not a reset", self.record)
+            return None
+        if check.matches:
+            event = GuardEvent(step=step, reset=False, message=check.describe(), check=check)
+        else:
+            event = GuardEvent(step=step, reset=True, message=f"klwatch: resumed at step {step}: {check.describe()}",
+                               check=check)
+        return self._act(event)
+
+    def update(self, step: int, kl: float) -> GuardEvent | None:
+        """One logged KL point (a distance to the reference: flip one logged negated). Returns the latest
+        resume's verdict with the point that completes its window, None otherwise."""
+        if not self.judge_kl or kl is None or not math.isfinite(float(kl)):
+            return None
+        verdict = self._stream.update(int(step), float(kl))
+        if verdict is None or not self._resumed:
+            return None
+        reset = verdict.verdict == "reference_reset"
+        at = verdict.boundary.resumed_from_step
+        message = (f"klwatch: the KL after the resume from step {at} says {verdict.verdict} "
+                   f"(score {verdict.score:.2f}): {verdict.explanation}")
+        return self._act(GuardEvent(step=int(step), reset=reset, message=message, verdict=verdict))
+
+    def _act(self, event: GuardEvent) -> GuardEvent:
+        self.events.append(event)
+        if not event.reset:
+            log.info(event.message)
+            return event
+        if self.on_reset == "raise":
+            raise ReferenceResetError(event)
+        if self.on_reset == "stop":
+            self.should_stop = True
+        warnings.warn(event.message, ReferenceResetWarning, stacklevel=3)
+        log.error(event.message)
+        return event
