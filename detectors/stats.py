@@ -44,6 +44,8 @@ def sliding_median(x: np.ndarray, w: int) -> np.ndarray:
     (even ``w``) exactly as numpy does, so long series go through ``scipy.ndimage`` rank filters,
     whose full windows sit at ``w // 2`` past each window's start."""
     x = np.asarray(x, dtype=np.float64)
+    if 2 <= w <= SLIDING_MEDIAN_NETWORK_MAX and w <= len(x) and np.isfinite(x).all() and x.all():
+        return _small_window_median(x, w)
     if len(x) < max(SLIDING_MEDIAN_FILTER_MIN, w) or w < 2 or not np.isfinite(x).all():
         from numpy.lib.stride_tricks import sliding_window_view
 
@@ -56,6 +58,30 @@ def sliding_median(x: np.ndarray, w: int) -> np.ndarray:
     lower = rank_filter(x, rank=w // 2 - 1, size=w, mode="nearest")[inner]
     upper = rank_filter(x, rank=w // 2, size=w, mode="nearest")[inner]
     return (lower + upper) / 2
+
+
+SLIDING_MEDIAN_NETWORK_MAX = 4
+"""Windows of up to this many points take their medians from elementwise minima and maxima of shifted
+views (a sorting network: a handful of numpy steps, whatever the length), when every value is finite and
+none is zero: equal nonzero floats are the same bits, so whichever of two ties is picked, the numbers are
+numpy's (a window of 4 is the finding detectors' ``window``)."""
+
+
+def _small_window_median(x: np.ndarray, w: int) -> np.ndarray:
+    """``sliding_median`` for 2 <= ``w`` <= 4 by a sorting network over the ``w`` shifted views: the
+    middle element (odd ``w``), or the two middle ones averaged as ``np.median`` averages them,
+    ``(lower + upper) / 2`` (even ``w``)."""
+    n = len(x) - w + 1
+    views = [x[k:k + n] for k in range(w)]
+    if w == 2:
+        return (views[0] + views[1]) / 2
+    lo, hi = np.minimum(views[0], views[1]), np.maximum(views[0], views[1])
+    if w == 3:
+        return np.maximum(lo, np.minimum(hi, views[2]))
+    lo2, hi2 = np.minimum(views[2], views[3]), np.maximum(views[2], views[3])
+    # of four values, the two middle ones are the larger of the two pairs' minima and the smaller of
+    # their maxima
+    return (np.maximum(lo, lo2) + np.minimum(hi, hi2)) / 2
 
 
 def mad(x: np.ndarray) -> float:

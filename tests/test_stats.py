@@ -61,3 +61,53 @@ def test_sliding_median_is_numpys_median_of_every_window(n: int, w: int, seed: i
     if w > n:
         return
     np.testing.assert_array_equal(sliding_median(x, w), np.median(sliding_window_view(x, w), axis=1))
+
+
+def _bits(a: np.ndarray) -> bytes:
+    """The exact float64 bits of an array (so 0.0 and -0.0 differ, unlike ``==``)."""
+    return np.ascontiguousarray(a, dtype=np.float64).tobytes()
+
+
+_FLOATS = st.floats(allow_nan=False, allow_infinity=False, width=64)
+
+
+@settings(max_examples=300, deadline=None, derandomize=bool(os.environ.get("CI")))
+@given(x=st.one_of(
+    st.lists(_FLOATS, min_size=1, max_size=400),  # any finite floats (zeros of both signs included)
+    st.lists(st.sampled_from([-2.5, -1.0, 1.0, 3.0, 7.25]), min_size=1, max_size=400),  # many ties, no zero
+    st.lists(st.sampled_from([-1.0, -0.0, 0.0, 1.0, 2.0]), min_size=1, max_size=400),  # ties and signed zeros
+    st.lists(st.one_of(_FLOATS, st.just(float("nan")), st.just(float("inf"))), min_size=1, max_size=50)),
+    w=st.integers(1, 6))
+def test_sliding_median_of_small_windows_is_bit_for_bit_numpys(x: list[float], w: int) -> None:
+    """Windows of 2-4 points go through a sorting network (minima and maxima of shifted views): the very
+    same bits as numpy's median of every window, for ties, signed zeros, NaN and inf (those last three
+    take the general path) and every length, including the rank filters' range (256 points on)."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    from klwatch.stats import sliding_median
+
+    arr = np.array(x, dtype=np.float64)
+    if w > len(arr):
+        return
+    with np.errstate(invalid="ignore"):
+        expected = np.median(sliding_window_view(arr, w), axis=1)
+    assert _bits(sliding_median(arr, w)) == _bits(expected)
+
+
+@settings(max_examples=60, deadline=None, derandomize=bool(os.environ.get("CI")))
+@given(n=st.integers(4, 9000), seed=st.integers(0, 2**31), kind=st.sampled_from(["cauchy", "ties", "log"]))
+def test_sliding_median_of_four_is_bit_for_bit_numpys_on_long_series(n: int, seed: int, kind: str) -> None:
+    """The finding detectors' window (4) on series as long as a fleet's runs: the network gives numpy's
+    bits where the rank filters were used before."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    from klwatch.stats import floored_log, sliding_median
+
+    rng = np.random.default_rng(seed)
+    if kind == "cauchy":
+        x = rng.standard_cauchy(n)
+    elif kind == "ties":
+        x = rng.integers(1, 6, n).astype(float) / 7
+    else:
+        x = floored_log(np.where(rng.random(n) < 0.05, 0.0, rng.gamma(2.0, 0.01, n)), 1e-4)
+    assert _bits(sliding_median(x, 4)) == _bits(np.median(sliding_window_view(x, 4), axis=1))

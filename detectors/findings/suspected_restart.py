@@ -175,6 +175,10 @@ class _Signal:
     """The zero floor added before the log, or None on a linear scale."""
     point_noise: float
     """The series' robust step-to-step noise of one point (the unit of the KL-collapse rule)."""
+    d: np.ndarray
+    """The statistic (``SuspectedRestart._statistic`` of ``x``), computed once for the spread and the screen."""
+    med: np.ndarray
+    """``sliding_median(x, window)``, which the statistic is made of and the screen reads again."""
 
 
 @dataclass(frozen=True)
@@ -314,6 +318,10 @@ class SuspectedRestart(FindingDetector[SuspectedRestartConfig]):
         """d[j] for j = 0 .. len(x) - 2w: the trend-corrected median shift at index j + w. The trend is
         the median step-to-step change over ``trend_points`` points around the step (fewer near the
         piece's ends): a median of many changes is steady, and still ignores the jump itself."""
+        return self._statistic_and_median(x=x)[0]
+
+    def _statistic_and_median(self, *, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``_statistic`` and the sliding median of ``window`` points it is made of."""
         w = self.config.window
         med = sliding_median(x, w)  # med[j] = median(x[j:j+w])
         n = len(x) - 2 * w + 1
@@ -326,20 +334,20 @@ class SuspectedRestart(FindingDetector[SuspectedRestartConfig]):
             ok = (i - h >= 0) & (i - h < len(wide))
             trend = trend.copy()
             trend[ok] = wide[i[ok] - h]
-        return med[w:w + n] - med[:n] - w * trend
+        return med[w:w + n] - med[:n] - w * trend, med
 
     def _signal(self, *, s: Series, family: str, state: bool) -> _Signal | None:
         x, floor, eps = self._transform(v=s.values, family=family)
         if len(x) < 2 * self.config.window + 1:
             return None
-        d = self._statistic(x=x)
+        d, med = self._statistic_and_median(x=x)
         spread = robust_sigma(d)
         noise = max(pooled_diff_noise([x]), floor)
         scale = max(spread, floor)
         if not (np.isfinite(scale) and scale > 0 and np.isfinite(noise)):
             return None
         return _Signal(steps=s.steps, raw=s.values, x=x, scale=scale, family=family, state=state, log_eps=eps,
-                       point_noise=noise)
+                       point_noise=noise, d=d, med=med)
 
     def _shifts(self, *, name: str, sig: _Signal, first_piece: bool, opening: np.ndarray | None,
                 kl_metric: str | None) -> list[_Shift]:
@@ -348,9 +356,9 @@ class SuspectedRestart(FindingDetector[SuspectedRestartConfig]):
         start = max(w, max(cfg.skip_opening, int(cfg.skip_opening_fraction * len(x))) if first_piece else w)
         if len(x) - w + 1 <= start:
             return []
-        d = self._statistic(x=x)
-        med = sliding_median(x, w)
-        raw_med = sliding_median(raw, w)
+        d, med = sig.d, sig.med
+        # the raw values' medians are those of x when x is the raw series itself (a linear scale)
+        raw_med = med if np.array_equal(x, raw) and x.dtype == raw.dtype else sliding_median(raw, w)
         open_x = None
         if opening is not None:
             open_x = float(np.median(self._transform_like(values=opening, sig=sig)))
@@ -358,12 +366,13 @@ class SuspectedRestart(FindingDetector[SuspectedRestartConfig]):
         z = np.abs(d[idx - w]) / sig.scale
         zp = np.abs(d[idx - w]) / sig.point_noise
         keep = (z >= cfg.min_z) | ((zp >= min(cfg.collapse_z, cfg.zero_collapse_z)) if name == kl_metric else False)
+        at = np.flatnonzero(keep)  # only the kept indices become Python objects
         found = [
-            _Shift(metric=name, family=sig.family, state=sig.state, index=int(i), z=float(zi), z_point=float(zpi),
+            _Shift(metric=name, family=sig.family, state=sig.state, index=i, z=zi, z_point=zpi,
                    before=float(raw_med[i - w]), after=float(raw_med[i]),
                    low_after=float(np.min(raw[max(i - 1, 0):i + 2])),
                    direction=self._direction(before=float(med[i - w]), after=float(med[i]), opening=open_x))
-            for i, zi, zpi, k in zip(idx, z, zp, keep) if k]
+            for i, zi, zpi in zip(idx[at].tolist(), z[at].tolist(), zp[at].tolist())]
         # keep the strongest index of each run of consecutive indices (one jump lights up a few)
         best: list[_Shift] = []
         for sh in found:

@@ -133,3 +133,74 @@ def test_generated_runs_without_a_collapse_exported_the_same_way_are_silent(samp
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_silent_on_the_generated_runs_whose_restarts_are_logged(sample, scenario):
     assert of(sample(scenario), NAME) == []
+
+
+def _shifts_as_before(det: SuspectedRestart, *, name: str, sig, first_piece: bool, opening, kl_metric):
+    """The screen as it was computed before the statistic was kept on the signal: the statistic and both
+    sliding medians computed again here, a ``_Shift`` tried at every index (the old computation)."""
+    from klwatch.findings.suspected_restart import _Shift
+    from klwatch.stats import sliding_median
+
+    cfg = det.config
+    x, raw, w = sig.x, sig.raw, cfg.window
+    start = max(w, max(cfg.skip_opening, int(cfg.skip_opening_fraction * len(x))) if first_piece else w)
+    if len(x) - w + 1 <= start:
+        return []
+    d = det._statistic(x=x)
+    med = sliding_median(x, w)
+    raw_med = sliding_median(raw, w)
+    open_x = None if opening is None else float(np.median(det._transform_like(values=opening, sig=sig)))
+    idx = np.arange(start, len(x) - w + 1)
+    z = np.abs(d[idx - w]) / sig.scale
+    zp = np.abs(d[idx - w]) / sig.point_noise
+    keep = (z >= cfg.min_z) | ((zp >= min(cfg.collapse_z, cfg.zero_collapse_z)) if name == kl_metric else False)
+    found = [_Shift(metric=name, family=sig.family, state=sig.state, index=int(i), z=float(zi), z_point=float(zpi),
+                    before=float(raw_med[i - w]), after=float(raw_med[i]),
+                    low_after=float(np.min(raw[max(i - 1, 0):i + 2])),
+                    direction=det._direction(before=float(med[i - w]), after=float(med[i]), opening=open_x))
+             for i, zi, zpi, k in zip(idx, z, zp, keep) if k]
+    best: list = []
+    for sh in found:
+        if best and sh.index - best[-1].index <= cfg.tolerance:
+            if sh.z > best[-1].z:
+                best[-1] = sh
+        else:
+            best.append(sh)
+    return best
+
+
+@pytest.mark.parametrize("family", ["kl", "reward", "completions", "entropy"])
+@pytest.mark.parametrize("seed", range(12))
+def test_the_screen_gives_the_shifts_the_old_computation_gave(family, seed):
+    """The statistic and its sliding median are computed once per signal and the raw medians are reused on
+    a linear scale: every shift, its numbers and its direction, as the old screen found them (series with
+    jumps, collapses to exactly 0, quantised values, float32 values, and plain noise)."""
+    from klwatch.model import Series
+
+    det = SuspectedRestart()
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(12, 3000))
+    steps = np.arange(1, n + 1)
+    kind = seed % 4
+    if kind == 0:  # a level that jumps at a few places
+        v = 1.0 + np.cumsum(np.where(rng.random(n) < 0.01, rng.normal(0, 2, n), 0)) ** 2 + rng.normal(0, 0.02, n)
+    elif kind == 1:  # a KL collapsing to exactly 0 and regrowing
+        age = steps - np.where(steps >= n // 2, n // 2, 0)
+        v = 0.05 * (1 - np.exp(-age / 30)) * np.exp(rng.normal(0, 0.1, n))
+    elif kind == 2:  # a fraction of 16 completions
+        v = rng.integers(0, 17, n) / 16
+    else:  # noise logged as float32
+        v = (0.3 + rng.normal(0, 0.01, n)).astype(np.float32)
+    s = Series(steps, v, None)
+    sig = det._signal(s=s, family=family, state=True)
+    if sig is None:
+        return
+    opening = v[:4] if seed % 3 else None
+    for first_piece in (True, False):
+        for kl_metric in ("m", None):
+            got = det._shifts(name="m", sig=sig, first_piece=first_piece, opening=opening, kl_metric=kl_metric)
+            want = _shifts_as_before(det, name="m", sig=sig, first_piece=first_piece, opening=opening,
+                                     kl_metric=kl_metric)
+            assert got == want
+            assert [type(v) for sh in got for v in sh.__dict__.values()] == \
+                [type(v) for sh in want for v in sh.__dict__.values()]
