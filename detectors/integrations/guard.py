@@ -10,6 +10,7 @@ seen. What a reset does is the caller's choice: warn, ask the loop to stop (``sh
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import warnings
@@ -22,7 +23,8 @@ from ..declarations import reference_schedules
 from ..metrics import GUARD_REFERENCE_MATCH, GUARD_RESUME_RESET, GUARD_RESUME_SCORE
 from ..model import BoundaryVerdict
 from ..reference_reset import ReferenceResetDetector, StreamingReferenceReset
-from .reference import ReferenceCheck, ReferenceRecordError, Weights, compare, fingerprint, load_record, write_record
+from .reference import (ReferenceCheck, ReferenceRecordError, Weights, atomic_write_text, compare, fingerprint,
+                        load_record, write_record)
 
 OnReset = Literal["warn", "stop", "raise"]
 ON_RESET: tuple[str, ...] = ("warn", "stop", "raise")
@@ -32,6 +34,7 @@ REFERENCE_MATCH_METRIC = GUARD_REFERENCE_MATCH
 RESUME_RESET_METRIC = GUARD_RESUME_RESET
 RESUME_SCORE_METRIC = GUARD_RESUME_SCORE
 
+MAX_HISTORY_BYTES = 64 * 2**20
 log = logging.getLogger("klwatch.guard")
 
 
@@ -81,6 +84,10 @@ class ResumeGuard:
     check_reference: bool = True
     judge_kl: bool = True
     write: bool = True
+    keep_history: bool = False
+    """Keep the KL points ``update`` sees in a file beside the record (``history_file``), so a resumed launch
+    judges its first points against the earlier launches' without being handed them: for frameworks whose
+    checkpoints do not hold the logged metrics (TRL's do: ``trainer_state.json``'s log history)."""
     name: str = "run"
     detector: ReferenceResetDetector = field(default_factory=ReferenceResetDetector)
     events: list[GuardEvent] = field(default_factory=list)
@@ -96,6 +103,10 @@ class ResumeGuard:
         self._resumed = False
 
     @property
+    def history_file(self) -> Path:
+        return self.record.with_name(self.record.stem + ".kl.jsonl")
+
+    @property
     def reference_declared_moving(self) -> bool:
         """True when the run's config declares updates of the reference (it moves by design)."""
         return bool(reference_schedules(self.config))
@@ -107,6 +118,8 @@ class ResumeGuard:
         ``step`` is the step training goes on from (0 at the first launch); ``history`` the KL points
         logged before it (the earlier launches'), which the KL judge compares the new ones with;
         ``reference`` the reference's weights (None when the caller cannot see them)."""
+        if self.keep_history:
+            history = self._kept_history(upto=step) if not history else history
         for s, kl in history:
             if s <= step:
                 self._stream.update(int(s), float(kl))
@@ -147,6 +160,10 @@ class ResumeGuard:
         resume's verdict with the point that completes its window, None otherwise."""
         if not self.judge_kl or kl is None or not math.isfinite(float(kl)):
             return None
+        if self.keep_history and self.write:
+            self.history_file.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.history_file, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"step": int(step), "kl": float(kl)}) + "\n")
         verdict = self._stream.update(int(step), float(kl))
         if verdict is None or not self._resumed:
             return None
@@ -155,6 +172,28 @@ class ResumeGuard:
         message = (f"klwatch: the KL after the resume from step {at} says {verdict.verdict} "
                    f"(score {verdict.score:.2f}): {verdict.explanation}")
         return self._act(GuardEvent(step=int(step), reset=reset, message=message, verdict=verdict))
+
+    def _kept_history(self, *, upto: int) -> list[tuple[int, float]]:
+        """The KL points earlier launches kept, up to the step this one goes on from; the file is cut back
+        to them, since the steps after it are trained again. Lines that do not parse are skipped."""
+        path = self.history_file
+        if not path.exists():
+            return []
+        if path.stat().st_size > MAX_HISTORY_BYTES:
+            log.warning("klwatch: %s is larger than %d bytes; the KL judge starts without it", path, MAX_HISTORY_BYTES)
+            return []
+        points: list[tuple[int, float]] = []
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+                point = (int(rec["step"]), float(rec["kl"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+            if point[0] <= upto:
+                points.append(point)
+        if self.write:
+            atomic_write_text(path, "".join(json.dumps({"step": s, "kl": v}) + "\n" for s, v in points))
+        return points
 
     def _act(self, event: GuardEvent) -> GuardEvent:
         self.events.append(event)

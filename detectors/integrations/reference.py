@@ -6,7 +6,8 @@ at once: hash each tensor of the reference at the first launch, hash them again 
 has built its reference, and any tensor that differs means the anchor moved.
 
 Framework-neutral: it takes a ``state_dict()`` (name -> tensor), ``named_parameters()`` pairs, or
-name -> numpy array, and never imports torch itself. Hashes are of the tensor's bytes on the CPU with
+name -> numpy array, and never imports torch itself. A sharded model (FSDP, DTensor) is hashed as each
+rank's own shards, with no collective: give each rank a record of its own (``...rank{N}.json``). Hashes are of the tensor's bytes on the CPU with
 its dtype and shape, so they are stable across runs, machines and devices; tensors are hashed on
 threads (hashlib releases the GIL), so a large model hashes at about the machine's memory bandwidth
 divided by what one core's SHA-256 takes (``benchmarks/bench_guard.py``).
@@ -122,8 +123,8 @@ def canonical_name(name: str) -> str:
 
 def _as_bytes(tensor: TensorLike) -> tuple[str, tuple[int, ...], memoryview]:
     """A tensor's dtype, shape and bytes on the CPU: torch tensors (any dtype, DTensor gathered) or numpy."""
-    if hasattr(tensor, "full_tensor"):  # a torch DTensor shard: hash the whole tensor
-        tensor = tensor.full_tensor()
+    if hasattr(tensor, "to_local"):  # a torch DTensor: this rank's shard (gathering it would be a collective)
+        tensor = tensor.to_local()
     if hasattr(tensor, "detach"):  # torch
         t = tensor.detach()
         dtype = str(t.dtype).removeprefix("torch.")
@@ -186,7 +187,7 @@ def fingerprint(weights: Weights, *, source: str | None = None, revision: str | 
 def _storage_key(tensor: TensorLike) -> tuple[int, int, str, tuple[int, ...]] | None:
     """Where a torch tensor's bytes live: two names with the same key hold the same tensor (tied weights)."""
     ptr = getattr(tensor, "data_ptr", None)
-    if ptr is None or getattr(tensor, "is_meta", False) or hasattr(tensor, "full_tensor"):
+    if ptr is None or getattr(tensor, "is_meta", False) or hasattr(tensor, "to_local"):
         return None
     return (int(ptr()), int(tensor.numel()), str(tensor.dtype), tuple(tensor.shape))
 
@@ -202,12 +203,16 @@ def record_reference(weights: Weights, path: str | Path, *, source: str | None =
 
 
 def write_record(ref: ReferencePrint, path: str | Path) -> None:
-    path = Path(path)
+    atomic_write_text(Path(path), json.dumps(ref.as_json(), indent=1))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a file whole or not at all (a crash mid-write leaves the old one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".klwatch_reference.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(ref.as_json(), fh, indent=1)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

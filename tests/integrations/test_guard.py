@@ -141,3 +141,31 @@ def test_points_that_are_not_numbers_are_skipped(tmp_path):
     guard.start(None, step=10, history=[(s, 0.1) for s in range(1, 11)])
     assert guard.update(11, float("nan")) is None and guard.update(12, float("inf")) is None
     assert not guard.events
+
+
+def test_a_guard_keeping_its_history_judges_a_resume_without_being_handed_the_earlier_points(tmp_path):
+    first, second = _launches(True, seed=5)
+    record = tmp_path / "ckpt" / "klwatch_reference.json"
+    launch1 = ResumeGuard(record=record, keep_history=True)
+    launch1.start(_base(), step=0)
+    for s, kl in zip(*first):
+        launch1.update(int(s), float(kl))
+    for s in range(201, 206):  # logged after the checkpoint at 200, then the crash: trained again after the resume
+        launch1.update(s, 0.5)
+    launch2 = ResumeGuard(record=record, keep_history=True, on_reset="stop", check_reference=False)
+    launch2.start(None, step=200)
+    kept = [line for line in launch2.history_file.read_text().splitlines()]
+    assert len(kept) == len(first[0])  # cut back to the checkpoint's step
+    with pytest.warns(ReferenceResetWarning, match="reference_reset"):
+        for s, kl in zip(*second):
+            launch2.update(int(s), float(kl))
+            if launch2.should_stop:
+                break
+    assert launch2.events[-1].verdict.verdict == "reference_reset"
+
+
+def test_a_damaged_line_in_the_kept_history_is_skipped(tmp_path):
+    guard = ResumeGuard(record=tmp_path / "r.json", keep_history=True, check_reference=False)
+    guard.history_file.write_text('{"step": 1, "kl": 0.1}\nnot json\n{"step": "x"}\n{"step": 2, "kl": 0.2}\n')
+    guard.start(None, step=5)
+    assert guard.history_file.read_text().splitlines() == ['{"step": 1, "kl": 0.1}', '{"step": 2, "kl": 0.2}']
