@@ -416,14 +416,21 @@ def _next_good_record(data: bytes, buf: np.ndarray, *, start: int, chunk: int = 
 
 
 def _le(buf: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
-    """``width`` bytes at each position (clipped to the buffer), as an (N, width) uint8 array."""
-    windows = np.lib.stride_tricks.sliding_window_view(buf, width)
-    return windows[np.clip(pos, 0, len(windows) - 1)]
+    """``width`` bytes at each position (clipped to the buffer), as an (N, width) uint8 array.
+
+    Called a few dozen times per file on small arrays, so the window view is made directly (numpy's
+    ``sliding_window_view`` and ``np.clip`` cost more in checks than the gather itself)."""
+    last = len(buf) - width  # the last position a whole window starts at
+    if last < 0 or not buf.flags.c_contiguous:
+        windows = np.lib.stride_tricks.sliding_window_view(buf, width)
+        return windows[np.clip(pos, 0, len(windows) - 1)]
+    windows = np.ndarray((last + 1, width), dtype=np.uint8, buffer=buf, strides=(1, 1))
+    return windows[np.minimum(np.maximum(pos, 0), last)]
 
 
 def _byte(buf: np.ndarray, pos: np.ndarray) -> np.ndarray:
     """The byte at each position (clipped to the buffer)."""
-    return buf[np.clip(pos, 0, len(buf) - 1)]
+    return buf.take(pos, mode="clip")
 
 
 def _crc32c_rows(rows: np.ndarray) -> np.ndarray:
@@ -457,7 +464,10 @@ def _crc32c_ranges(data: bytes, buf: np.ndarray, *, start: np.ndarray, length: n
     return out
 
 
-_BULK_CRC_MAX = 256
+_BULK_CRC_MAX = 48
+"""Ranges up to this long are checked with numpy, all ranges of one length at once (one vector step
+per byte); longer ones by one C call each, which costs about as much as 48 numpy byte steps (a record
+of five scalars, ~140 bytes, is three times cheaper in C)."""
 _BULK_CRC_MIN_ROWS = 64
 
 
@@ -519,12 +529,14 @@ class _Fast:
 
 def _varint(buf: np.ndarray, pos: np.ndarray, width: int = 5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A varint of at most ``width`` bytes at each position: (value, bytes used, well formed)."""
-    raw = _le(buf, pos, width).astype(np.int64)
+    raw = _le(buf, pos, width)
     term = raw < 0x80  # the last byte of a varint has its high bit clear
+    if term[:, 0].all():  # every varint one byte long (the usual case: short lengths)
+        return raw[:, 0].astype(np.int64), np.ones(len(pos), dtype=np.int64), np.ones(len(pos), dtype=bool)
     used = term.argmax(axis=1) + 1
-    value = np.zeros(len(pos), dtype=np.int64)
-    for i in range(width):
-        value |= np.where(i < used, (raw[:, i] & 0x7F) << (7 * i), 0)
+    value = (raw[:, 0] & 0x7F).astype(np.int64)
+    for i in range(1, int(used.max())):  # bytes past every varint's end add nothing
+        value |= np.where(i < used, (raw[:, i].astype(np.int64) & 0x7F) << (7 * i), 0)
     return value, used, term.any(axis=1)
 
 

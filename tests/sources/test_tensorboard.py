@@ -406,3 +406,58 @@ def test_scan_of_a_zero_padded_event_file_exits_0_with_the_warning_in_the_report
     (warning,) = lin["warnings"]
     assert "8192 zero bytes" in warning and path.name in warning
     assert "8192 zero bytes" in " ".join(out.stderr.split())  # rich wraps long lines
+
+
+def _le_as_before(buf: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
+    windows = np.lib.stride_tricks.sliding_window_view(buf, width)
+    return windows[np.clip(pos, 0, len(windows) - 1)]
+
+
+def _varint_as_before(buf: np.ndarray, pos: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    raw = _le_as_before(buf, pos, width).astype(np.int64)
+    term = raw < 0x80
+    used = term.argmax(axis=1) + 1
+    value = np.zeros(len(pos), dtype=np.int64)
+    for i in range(width):
+        value |= np.where(i < used, (raw[:, i] & 0x7F) << (7 * i), 0)
+    return value, used, term.any(axis=1)
+
+
+@settings(max_examples=300, deadline=None, derandomize=bool(os.environ.get("CI")))
+@given(data=st.binary(min_size=10, max_size=300), positions=st.lists(st.integers(-20, 330), max_size=40),
+       width=st.sampled_from([2, 5, 8, 10]), small=st.booleans())
+def test_the_bulk_decoders_byte_readers_give_what_they_gave_before(data: bytes, positions: list[int], width: int,
+                                                                  small: bool) -> None:
+    """``_le``, ``_byte`` and ``_varint`` (made cheaper per call: a direct window view, a one-byte fast
+    path, no steps past the longest varint) read the very same numbers as before, positions out of the
+    buffer clipped as before."""
+    from klwatch.sources import tensorboard as tb
+
+    if small:  # mostly one-byte varints, as in real event files
+        data = bytes(b & 0x7F if i % 7 else b for i, b in enumerate(data))
+    buf = np.frombuffer(data, dtype=np.uint8)
+    pos = np.asarray(positions, dtype=np.int64)
+    np.testing.assert_array_equal(tb._le(buf, pos, width), _le_as_before(buf, pos, width))
+    np.testing.assert_array_equal(tb._byte(buf, pos), buf[np.clip(pos, 0, len(buf) - 1)])
+    for got, want in zip(tb._varint(buf, pos, width), _varint_as_before(buf, pos, width)):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+@settings(max_examples=100, deadline=None, derandomize=bool(os.environ.get("CI")))
+@given(sizes=st.lists(st.integers(0, 200), min_size=1, max_size=150), seed=st.integers(0, 2**32 - 1))
+def test_crc_of_ranges_is_crc32c_of_each_range_whichever_path_checks_it(sizes: list[int], seed: int) -> None:
+    """Short ranges of one length are checked with numpy, the others with google-crc32c: each CRC is
+    crc32c of its range (many ranges of a few lengths, on both sides of ``_BULK_CRC_MAX``)."""
+    import google_crc32c
+
+    from klwatch.sources import tensorboard as tb
+
+    rng = np.random.default_rng(seed)
+    lengths = np.repeat(np.asarray(sizes, dtype=np.int64), rng.integers(1, 80, len(sizes)))
+    data = rng.integers(0, 256, int(lengths.sum()) + 5, dtype=np.uint8).tobytes()
+    start = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    buf = np.frombuffer(data, dtype=np.uint8)
+    got = tb._crc32c_ranges(data, buf, start=start, length=lengths)
+    want = [google_crc32c.value(data[a:a + n]) for a, n in zip(start.tolist(), lengths.tolist())]
+    assert got.tolist() == want
