@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -27,6 +28,7 @@ pytest.importorskip("peft")
 
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  # noqa: E402
+from transformers.trainer_utils import get_last_checkpoint  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from klwatch.integrations import ReferenceResetError, ReferenceResetWarning  # noqa: E402
@@ -56,10 +58,9 @@ class StepCounter(TrainerCallback):
         self.steps += 1
 
 
-def launch(out: Path, base: Path, *, model_from: str = "base", resume: int | None = None, max_steps: int = SAVE,
-           beta: float = 0.1, sync: bool = False, report_to: str | list[str] = "none",
-           counter: StepCounter | None = None, **guard):
-    """One launch of a GRPO run into OUT with the guard on; (trainer, guard callback, step counter)."""
+def build(out: Path, base: Path, *, model_from: str = "base", resume: int | None = None, max_steps: int = SAVE,
+          beta: float = 0.1, sync: bool = False, report_to: str | list[str] = "none") -> GRPOTrainer:
+    """The trainer of one launch of a GRPO run into OUT, built as a user's script builds it."""
     checkpoint = str(out / f"checkpoint-{resume}") if resume else None
     args = GRPOConfig(output_dir=str(out), report_to=report_to, max_steps=max_steps, save_steps=SAVE, logging_steps=1,
                       learning_rate=0.005, lr_scheduler_type="constant", beta=beta, per_device_train_batch_size=16,
@@ -90,10 +91,19 @@ def launch(out: Path, base: Path, *, model_from: str = "base", resume: int | Non
                               processing_class=tokenizer, peft_config=peft_config)
     finally:
         os.environ.pop("TENSORBOARD_LOGGING_DIR", None)
+    return trainer
+
+
+def launch(out: Path, base: Path, *, model_from: str = "base", resume: int | None = None, max_steps: int = SAVE,
+           beta: float = 0.1, sync: bool = False, report_to: str | list[str] = "none",
+           counter: StepCounter | None = None, **guard):
+    """One launch with the guard on; (trainer, guard callback, step counter)."""
+    trainer = build(out, base, model_from=model_from, resume=resume, max_steps=max_steps, beta=beta, sync=sync,
+                    report_to=report_to)
     callback = guard_resumes(trainer, **guard)
     counter = counter or StepCounter()
     trainer.add_callback(counter)
-    trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.train(resume_from_checkpoint=str(out / f"checkpoint-{resume}") if resume else None)
     return trainer, callback, counter
 
 
@@ -226,3 +236,16 @@ def test_the_verdict_reaches_the_trackers_and_klwatch_scan(tmp_path, base, monke
         guard_findings = [f for f in result["findings"] if f["detector"] == "training_guard"]
         assert {f["step"] for f in guard_findings} == {SAVE + 1, SAVE + WINDOW}, logs
         assert all(f["severity"] == "error" for f in guard_findings)
+
+
+def test_the_readme_example_runs_as_written(tmp_path, base):
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    [code] = [b for b in blocks if "guard_resumes(trainer" in b]
+    out = tmp_path / "run"
+    first = {"trainer": build(out, base), "last_checkpoint": None}
+    exec(compile(code, "README.md", "exec"), first)  # the first launch: records
+    assert (out / RECORD_NAME).exists() and (out / f"checkpoint-{SAVE}").exists()
+    resumed = build(out, base, model_from="checkpoint", resume=SAVE, max_steps=2 * SAVE)
+    with pytest.warns(ReferenceResetWarning, match="differs from the one recorded"):
+        exec(compile(code, "README.md", "exec"), {"trainer": resumed, "last_checkpoint": get_last_checkpoint(out)})
+    assert resumed.state.global_step == SAVE + 1  # stopped after the step in progress
