@@ -45,6 +45,10 @@ def reference_weights(trainer: Any) -> tuple[Weights | None, str | None, str | N
     ref = getattr(trainer, "ref_model", None)
     if ref is not None:
         ref = unwrap(ref)
+        if any(hasattr(p, "ds_id") for p in ref.parameters()):  # DeepSpeed ZeRO-3: each rank holds empty stubs
+            log.warning("klwatch: the reference is partitioned by DeepSpeed ZeRO-3, so its weights cannot be hashed "
+                        "without gathering them; only the KL judge guards this run")
+            return None, None, None
         config = getattr(ref, "config", None)
         return ref.state_dict(), getattr(config, "_name_or_path", None), getattr(config, "_commit_hash", None)
     model = unwrap(trainer.model)
@@ -67,6 +71,14 @@ def reference_weights(trainer: Any) -> tuple[Weights | None, str | None, str | N
     return weights, source, revision
 
 
+def default_record(args: Any) -> Path:
+    """``<output_dir>/klwatch_reference.json``; one per rank when several processes train (each hashes the
+    reference it holds: a copy, or its own shards under FSDP)."""
+    world = int(getattr(args, "world_size", 1) or 1)
+    name = RECORD_NAME if world == 1 else RECORD_NAME.replace(".json", f".rank{int(args.process_index)}.json")
+    return Path(args.output_dir) / name
+
+
 def _run_config(args: Any) -> dict[str, Any]:
     """The training arguments the guard reads: declared reference updates (``sync_ref_model``, ...)."""
     try:
@@ -84,7 +96,7 @@ class ResumeGuardCallback(TrainerCallback):
         args = trainer.args
         self.enabled = getattr(args, "beta", None) != 0.0
         """False for a run without a reference (``beta=0``): nothing to guard."""
-        self.guard = ResumeGuard(record=Path(record) if record else Path(args.output_dir) / RECORD_NAME,
+        self.guard = ResumeGuard(record=Path(record) if record else default_record(args),
                                  on_reset=on_reset, config=_run_config(args), check_reference=check_reference,
                                  judge_kl=judge_kl, name=str(getattr(args, "run_name", None) or "run"))
         self.kl_metric = kl_metric
@@ -98,7 +110,6 @@ class ResumeGuardCallback(TrainerCallback):
         if not self.enabled:
             log.info("klwatch: beta=0, no reference policy: the resume guard is off")
             return control
-        self.guard.write = bool(getattr(state, "is_world_process_zero", True))
         weights, source, revision = reference_weights(self.trainer)
         step = int(state.global_step)
         history = [(int(h["step"]), v) for h in state.log_history if "step" in h

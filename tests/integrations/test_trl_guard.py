@@ -249,3 +249,14 @@ def test_the_readme_example_runs_as_written(tmp_path, base):
     with pytest.warns(ReferenceResetWarning, match="differs from the one recorded"):
         exec(compile(code, "README.md", "exec"), {"trainer": resumed, "last_checkpoint": get_last_checkpoint(out)})
     assert resumed.state.global_step == SAVE + 1  # stopped after the step in progress
+
+
+def test_each_process_keeps_its_own_record_when_several_train():
+    from types import SimpleNamespace
+
+    from klwatch.integrations.trl import default_record
+
+    assert default_record(SimpleNamespace(output_dir="/o", world_size=1, process_index=0)) == \
+        Path("/o/klwatch_reference.json")
+    assert default_record(SimpleNamespace(output_dir="/o", world_size=4, process_index=2)) == \
+        Path("/o/klwatch_reference.rank2.json")
