@@ -461,3 +461,19 @@ def test_crc_of_ranges_is_crc32c_of_each_range_whichever_path_checks_it(sizes: l
     got = tb._crc32c_ranges(data, buf, start=start, length=lengths)
     want = [google_crc32c.value(data[a:a + n]) for a, n in zip(start.tolist(), lengths.tolist())]
     assert got.tolist() == want
+
+
+@settings(max_examples=200, deadline=None, derandomize=bool(os.environ.get("CI")))
+@given(slices=st.lists(st.sampled_from([b"", b"a", b"b", b"train/loss", b"train/lr", b"train/kl", b"eval/kl",
+                                        b"\x00\xff", b"\xff\x00"]), min_size=1, max_size=60))
+def test_distinct_slices_groups_byte_ranges_by_their_content(slices: list[bytes]) -> None:
+    """Ranges grouped by content (one content per length taken without hashing): each range's group
+    holds its very bytes, and equal bytes share a group."""
+    from klwatch.sources import tensorboard as tb
+
+    data = b"".join(slices)
+    ends = np.cumsum([len(b) for b in slices]).astype(np.int64)
+    starts = ends - np.asarray([len(b) for b in slices], dtype=np.int64)
+    group, blobs = tb._distinct_slices(np.frombuffer(data + b"\x00", dtype=np.uint8), start=starts, end=ends)
+    assert [blobs[g] for g in group.tolist()] == slices
+    assert len(set(blobs)) == len(blobs)
