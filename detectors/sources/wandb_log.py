@@ -88,7 +88,6 @@ def _schemas() -> dict[str, Any]:
     message("HistoryStep", "Step step = 2")
     message("ItemList", "repeated bytes item = 1")
     message("Empty")
-    message("ItemCount", "repeated Empty item = 1")
     message("Flat", "repeated bytes key = 1", "repeated bytes nested_key = 2", "repeated sint64 integer = 5",
             "repeated double number = 6", "repeated bytes json = 8", "repeated bytes value_json = 16")
     message("Summary", "repeated bytes update = 1", "repeated bytes remove = 2")
@@ -194,6 +193,8 @@ class _Unframer:
         self.skipped_at = skipped
         """``len(warnings)`` and ``skipped`` when the last whole record was taken: what a read of
         the bytes before ``last_end`` alone would have warned."""
+        self.table = _ChunkTable.of(data, base) if len(data) >= TABLE_MIN_BLOCKS * BLOCK else None
+        """The file's FULL chunks with a good CRC, found for all blocks at once (large files only)."""
 
     def run(self) -> tuple[list[bytes], list[str]]:
         """Every chunk from the file header (or ``base``) on, block by block; then the warnings for
@@ -219,6 +220,7 @@ class _Unframer:
         summary = self.skipped_summary(self.skipped)
         if summary:
             self.warnings.append(summary)
+        self.table = None  # its payloads are ``out``'s: freed with them
         return self.out, self.warnings
 
     @property
@@ -237,6 +239,8 @@ class _Unframer:
         data, append, at = self.data, self.out.append, self.offsets.append
         unpack, crc32, seed_full = _CHUNK_HEADER.unpack_from, zlib.crc32, CHUNK_SEEDS[FULL]
         count, base, last_header = len(self.out), self.base, limit - CHUNK_HEADER
+        if self.table is not None:  # the run of checked FULL chunks from ``pos`` on, taken at once
+            pos = self.table.take(pos, limit, self.out, self.offsets)
         while pos <= last_header:
             crc, length, ctype = unpack(data, pos)
             start = pos + 7  # CHUNK_HEADER, FULL: literals, as globals cost a lookup per record
@@ -331,6 +335,96 @@ class _Unframer:
                                  f"block at byte {next_block}, losing the records in between{lost}")
         self.parts, self.resyncing = None, True
         return next_block - base
+
+
+TABLE_MIN_BLOCKS = 16
+"""From this many 32 KiB blocks on (and while as many still have chunks to walk), a file's chunk
+headers are found for all its blocks at once (``_ChunkTable``); below it the loop alone is faster."""
+
+
+class _ChunkTable:
+    """A large file's chunks, found block by block in parallel, and which are FULL with a good CRC.
+
+    Every block begins with a chunk header (chunks never cross a block boundary; a reader that
+    skips corruption goes on at the next block), so the chunks of all blocks are found together,
+    one step down every block's chain of headers at a time in numpy, as long as many blocks are
+    still on theirs (a block's chain stops at a header that does not fit its block, an impossible
+    type or a length that runs past its block: exactly where ``_full_chunks`` and ``_chunk`` see
+    those). The FULL chunks' CRCs are then computed in one pass of C calls. ``take`` hands
+    ``_full_chunks`` the run of checked FULL chunks that begins where it stands, which is the
+    run its own loop would take one by one; whatever the table does not cover (a block walked
+    only in part, a bad chunk) the loop and the careful path read as before.
+    """
+
+    def __init__(self, pos: np.ndarray, ends: np.ndarray, breaks: np.ndarray, first: np.ndarray,
+                 payloads: list[bytes]) -> None:
+        self.pos = pos  # relative start of each chunk taken (sorted), FULL with a good CRC
+        self.ends = ends
+        self.breaks = breaks  # indexes where a run of contiguous chunks begins anew (sorted)
+        self.first = first  # first[i]: index in ``payloads`` of chunk i
+        self.payloads = payloads
+
+    @classmethod
+    def of(cls, data: bytes, base: int) -> _ChunkTable | None:
+        n = len(data)
+        arr = np.frombuffer(data, dtype=np.uint8)
+        pos0 = 0 if base else FILE_HEADER_LEN
+        first_end = pos0 - (pos0 + base) % BLOCK + BLOCK  # where the block holding pos0 ends
+        starts = np.concatenate([[pos0], np.arange(first_end, n, BLOCK, dtype=np.int64)]).astype(np.int64)
+        if len(starts) < TABLE_MIN_BLOCKS:
+            return None
+        limits = np.minimum(starts - (starts + base) % BLOCK + BLOCK, n)
+        nb = len(starts)
+        cur, lim, col = starts, limits, np.arange(nb)
+        steps = []
+        while len(cur) >= max(TABLE_MIN_BLOCKS, 1):
+            fits = cur + CHUNK_HEADER <= lim
+            if not fits.all():
+                cur, lim, col = cur[fits], lim[fits], col[fits]
+            length = arr[cur + 4].astype(np.int64) | arr[cur + 5].astype(np.int64) << 8
+            ctype = arr[cur + 6]
+            end = cur + CHUNK_HEADER + length
+            ok = (ctype >= FULL) & (ctype <= LAST) & (end <= lim)
+            row = np.full(nb, -1, dtype=np.int64)
+            row[col[ok]] = cur[ok]
+            steps.append(row)
+            if not ok.all():
+                end, lim, col = end[ok], lim[ok], col[ok]
+            cur = end
+        if not steps:
+            return None
+        pos = np.stack(steps, axis=1).ravel()  # block by block, each block's chunks in order
+        pos = pos[pos >= 0]
+        pos = pos[arr[pos + 6] == FULL]
+        starts = pos + CHUNK_HEADER
+        ends = starts + (arr[pos + 4].astype(np.int64) | arr[pos + 5].astype(np.int64) << 8)
+        stored = (arr[pos].astype(np.uint32) | arr[pos + 1].astype(np.uint32) << 8
+                  | arr[pos + 2].astype(np.uint32) << 16 | arr[pos + 3].astype(np.uint32) << 24)
+        payloads = list(map(data.__getitem__, map(slice, starts.tolist(), ends.tolist())))
+        computed = np.fromiter(map(zlib.crc32, payloads, repeat(CHUNK_SEEDS[FULL])), dtype=np.uint32,
+                               count=len(payloads))
+        good = computed == stored
+        first = np.arange(len(pos))[good]
+        pos, ends = pos[good], ends[good]
+        breaks = np.flatnonzero(np.concatenate([[True], pos[1:] != ends[:-1]]))
+        return cls(pos, ends, breaks, first, payloads)
+
+    def take(self, pos: int, limit: int, out: list[bytes], offsets: list[int]) -> int:
+        """The checked FULL chunks from ``pos`` on, contiguous and before ``limit``, appended to
+        ``out`` (payloads) and ``offsets`` (where each chunk begins); where they end (``pos`` if
+        none begins there)."""
+        i = int(np.searchsorted(self.pos, pos))
+        if i >= len(self.pos) or self.pos[i] != pos:
+            return pos
+        b = int(np.searchsorted(self.breaks, i, side="right"))
+        j = int(self.breaks[b]) if b < len(self.breaks) else len(self.pos)
+        j = min(j, int(np.searchsorted(self.pos, limit)))
+        if j <= i:
+            return pos
+        f = int(self.first[i])
+        out += self.payloads[f:f + j - i]
+        offsets += self.pos[i:j].tolist()
+        return int(self.ends[j - 1])
 
 
 def _bytes_at(offsets: list[int]) -> str:
@@ -450,6 +544,10 @@ def _encode_varint(n: int) -> bytes:
 
 _str_len = getattr(np, "strings", np.char).str_len
 
+ARROW_MIN_VALUES = 20_000
+"""From this many history values on, numbers are parsed by Arrow (``Items._plain_floats``), many
+times faster than a ``float`` per value; below it pyarrow is not even imported."""
+
 
 def _plain_key(key: bytes) -> bool:
     """A key that is valid UTF-8, not empty, and not the row marker's name: its name stands for it
@@ -491,6 +589,8 @@ class Items:
                  split: bool = False) -> None:
         self.raws = raws
         self.typed = typed
+        self._list: list[bytes] = []  # the values, on the fast path
+        self._arrow: Any = None
         self._values = np.empty(len(raws), dtype=object)
         self._prefixed = False  # values still carry their varint length (split path)
         self.flat = not split and self._try_flat(marks)
@@ -513,7 +613,7 @@ class Items:
         items keyed like a row mark are the ``nrows`` row marks."""
         try:
             flat = _msg("FlatRows").FromString(joined).item
-            n = len(_msg("ItemCount").FromString(joined).item)
+            n = len(_msg("ItemList").FromString(joined).item)  # counted, never turned into bytes objects
         except DecodeError:
             return None
         if (len(flat.nested_key) != n or len(flat.value_json) != n or len(flat.key)
@@ -521,12 +621,14 @@ class Items:
             return None
         self = cls.__new__(cls)
         self.raws, self.typed, self._prefixed, self.flat, self.odd = [], True, False, True, False
+        self._arrow = None
         keys = list(flat.nested_key)
         code_of = {k: i for i, k in enumerate(dict.fromkeys(keys))}
         self.codes = np.fromiter(map(code_of.__getitem__, keys), dtype=np.int64, count=n)
         marks = self.codes == code_of.get(b"\xfe", -1)
+        self._list = list(flat.value_json)
         self._values = np.empty(n, dtype=object)
-        self._values[:] = list(flat.value_json)
+        self._values[:] = self._list
         if int(marks.sum()) != nrows or not (self._values[marks] == b"\xfe").all():
             return None
         self.names = [k.decode("utf-8", "replace") or None for k in code_of]
@@ -550,7 +652,8 @@ class Items:
             return False
         self.names = [k.decode("utf-8", "replace") or None for k in code_of]
         self._plain_keys = all(k == b"\xfe" or _plain_key(k) for k in code_of)
-        self._values[:] = list(flat.value_json)
+        self._list = list(flat.value_json)
+        self._values[:] = self._list
         return True
 
     def _split(self) -> None:
@@ -606,6 +709,10 @@ class Items:
         number at all) sends the column the careful way."""
         if self._prefixed:
             return json_floats(*self.values(idx))
+        if len(self._list) >= ARROW_MIN_VALUES:
+            got = self._plain_floats(idx)
+            if got is not None:
+                return got, np.ones(len(idx), dtype=bool)
         raw = self._values[idx]
         first = raw.astype("S1").view(np.uint8)
         numeric = np.isin(first, _NUMERIC_BYTES)
@@ -617,6 +724,42 @@ class Items:
         except (ValueError, TypeError):
             return json_floats(*self.values(idx))
         return out, numeric
+
+    def _plain_floats(self, idx: np.ndarray) -> np.ndarray | None:
+        """The values at ``idx`` as floats, parsed by Arrow, when every one is a plain decimal
+        number (its first byte a digit, or a minus sign and a digit) that Arrow reads; else None
+        (the column goes the ways above).
+
+        Arrow parses decimal numbers correctly rounded, as Python's ``float`` does, so on the
+        values it accepts among those that begin this way the two give the same double
+        (``tests/sources/test_wandb_log_speedpaths.py``); ``NaN``, ``Infinity`` and anything
+        else are left to ``float``, as Arrow also reads forms ``float`` refuses (``nan(1)``)."""
+        import pyarrow as pa
+
+        if self._arrow is None:
+            arr = pa.array(self._list, type=pa.binary())
+            n = len(arr)
+            offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset:arr.offset + n + 1]
+            data = arr.buffers()[2]
+            plain = np.zeros(n, dtype=bool)
+            if data is not None and data.size:
+                raw = np.frombuffer(data, dtype=np.uint8)
+                start, length = offsets[:-1], np.diff(offsets)
+                last = raw.size - 1
+                first = raw[np.minimum(start, last)]
+                second = raw[np.minimum(start + 1, last)]
+                digit1 = (first >= 0x30) & (first <= 0x39)
+                digit2 = (second >= 0x30) & (second <= 0x39)
+                plain = (length >= 1) & digit1 | (length >= 2) & (first == 0x2D) & digit2
+            self._arrow = (arr, plain)
+        arr, plain = self._arrow
+        if not plain[idx].all():
+            return None
+        try:
+            parsed = arr.take(pa.array(idx)).cast(pa.float64())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+        return np.array(parsed.to_numpy(zero_copy_only=False), dtype=np.float64)  # an array of its own
 
     def groups(self) -> dict[str, np.ndarray]:
         """Key -> positions of its items, in logged order."""
