@@ -530,10 +530,13 @@ class _Fast:
 
 def _varint(buf: np.ndarray, pos: np.ndarray, width: int = 5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A varint of at most ``width`` bytes at each position: (value, bytes used, well formed)."""
+    last = len(buf) - width
+    if last >= 0:  # the first byte of each ``_le`` window (positions clipped as it clips them)
+        first = buf.take(np.minimum(np.maximum(pos, 0), last))
+        if (first < 0x80).all():  # every varint one byte long (the usual case: short lengths)
+            return first.astype(np.int64), np.ones(len(pos), dtype=np.int64), np.ones(len(pos), dtype=bool)
     raw = _le(buf, pos, width)
     term = raw < 0x80  # the last byte of a varint has its high bit clear
-    if term[:, 0].all():  # every varint one byte long (the usual case: short lengths)
-        return raw[:, 0].astype(np.int64), np.ones(len(pos), dtype=np.int64), np.ones(len(pos), dtype=bool)
     used = term.argmax(axis=1) + 1
     value = (raw[:, 0] & 0x7F).astype(np.int64)
     for i in range(1, int(used.max())):  # bytes past every varint's end add nothing
@@ -849,8 +852,11 @@ def _resolve_plugins(*, index: np.ndarray, sub: np.ndarray, codes: np.ndarray, p
                      named: np.ndarray, state: _State) -> np.ndarray:
     """Which points are scalars: a tensor whose own metadata names no plugin takes the plugin last
     named for its tag before it (TF writes the metadata with a tag's first value only)."""
+    simple = plugins == _SIMPLE
+    if simple.all():  # simple_values only: scalars whatever their metadata says
+        return simple
     keep_codes = {state.plugin_code[n] for n in ("", "scalars") if n in state.plugin_code}
-    keep = (plugins == _SIMPLE) | np.isin(plugins, list(keep_codes))
+    keep = simple | np.isin(plugins, list(keep_codes))
     inherit = np.flatnonzero(plugins == _INHERIT)
     if not len(inherit):
         return keep
@@ -899,7 +905,10 @@ def _assemble(*, fast: _Fast, fast_codes: np.ndarray, fast_plugins: np.ndarray, 
     if not keep.all():
         codes, steps, values, walls = codes[keep], steps[keep], values[keep], walls[keep]
     names = {c: t for t, c in state.tag_code.items()}
-    by_tag = np.argsort(codes, kind="stable")
+    # tag codes are small: sorted as bytes where they fit (numpy's stable sort of bytes is a radix
+    # sort; the order is the same, a stable sort's order being unique)
+    small = codes.astype(np.uint8) if len(codes) and 0 <= codes.min() and codes.max() < 256 else codes
+    by_tag = np.argsort(small, kind="stable")
     uniq, first, counts = np.unique(codes, return_index=True, return_counts=True)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     series: dict[str, Series] = {}
