@@ -77,6 +77,8 @@ def relogged_steps(series: dict[str, Series]) -> set[int]:
     keyed = [s for n, s in series.items() if not n.startswith("_") and len(s) > 1]
     counts: dict[int, int] = {}
     for s in keyed:
+        if np.all(s.steps[1:] > s.steps[:-1]):  # steps that only go up repeat none
+            continue
         u, c = np.unique(s.steps, return_counts=True)
         for step in u[c > 1]:
             counts[int(step)] = counts.get(int(step), 0) + 1

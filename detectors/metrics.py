@@ -11,6 +11,7 @@ and the dashboard find their series through here.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -74,6 +75,17 @@ def kl_candidates(names: Iterable[str], *, patterns: Sequence[str] | None = None
     With ``patterns`` (the user's ``--metric``, globs allowed) only those are considered, in the
     order given, and the exclusions do not apply: the user knows their metric.
     """
+    return list(_kl_candidates(tuple(names), tuple(patterns) if patterns else None))
+
+
+@functools.lru_cache(maxsize=1024)
+def _kl_candidates(names: tuple[str, ...], patterns: tuple[str, ...] | None) -> tuple[str, ...]:
+    """``kl_candidates``, kept per set of names: every piece of every run of a fleet asks it again for
+    the same few names."""
+    return tuple(_rank_kl_candidates(names, patterns=patterns))
+
+
+def _rank_kl_candidates(names: Iterable[str], *, patterns: Sequence[str] | None = None) -> list[str]:
     names = [n for n in names if not n.startswith("_")]
     if patterns:
         found: list[str] = []

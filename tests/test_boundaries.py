@@ -206,3 +206,24 @@ def test_a_pause_inside_one_event_file_where_the_kl_collapses_is_still_judged(tm
     (result,) = scan([str(tmp_path)]).results
     assert [b.step for b in result.lineage.boundaries] == [41]
     assert result.status == "reference_reset"
+
+
+@settings(max_examples=200, deadline=None)
+@given(columns=st.lists(st.lists(st.integers(0, 30), min_size=0, max_size=40), min_size=1, max_size=5),
+       ascending=st.lists(st.booleans(), min_size=5, max_size=5))
+def test_relogged_steps_skips_series_whose_steps_only_go_up_without_changing_its_answer(columns, ascending):
+    """A series whose steps only go up repeats no step, so it is not counted (no ``np.unique``); the
+    answer is the one counting every series gives."""
+    from klwatch.boundaries import relogged_steps
+
+    series = {}
+    for k, col in enumerate(columns):
+        steps = sorted(set(col)) if ascending[k] else col
+        series[f"m{k}"] = Series(np.asarray(steps, dtype=np.int64), np.zeros(len(steps)), None)
+    keyed = [s for s in series.values() if len(s) > 1]
+    counts: dict[int, int] = {}
+    for s in keyed:
+        u, c = np.unique(s.steps, return_counts=True)
+        for step in u[c > 1]:
+            counts[int(step)] = counts.get(int(step), 0) + 1
+    assert relogged_steps(series) == {step for step, n in counts.items() if 2 * n > len(keyed)}

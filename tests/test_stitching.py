@@ -168,3 +168,23 @@ def test_sibling_event_files_in_one_folder_are_told_apart_by_their_own_file():
         s.run_id = s.group = "runs/x"
     got = sorted(ids(segs).values())
     assert got == ["tensorboard:src:runs/x", "tensorboard:src:runs/x#events.out.tfevents.2.h.p0"]
+
+
+def test_kl_candidates_kept_per_names_are_a_fresh_list_equal_to_ranking_them_again():
+    """``kl_candidates`` is kept per (names, patterns), as every piece of a fleet asks it for the same
+    names: the answer is the ranking's, and a caller changing its list changes no later answer."""
+    from klwatch.metrics import _rank_kl_candidates, kl_candidates
+
+    cases = [
+        (["train/kl", "train/loss", "kl", "objective/kl", "ref_kl_coef", "_runtime"], None),
+        (["actor/kl_loss", "actor/ppo_kl", "critic/kl", "kl_ctl"], None),
+        (["a/kl", "b/kl", "loss"], ["b/*", "a/kl"]),
+        (["loss", "reward"], None),
+        ([], ["kl"]),
+    ]
+    for names, patterns in cases:
+        first = kl_candidates(names, patterns=patterns)
+        assert first == _rank_kl_candidates(names, patterns=patterns)
+        first.append("mutated")
+        assert kl_candidates(list(names), patterns=patterns) == _rank_kl_candidates(names, patterns=patterns)
+        assert kl_candidates(dict.fromkeys(names), patterns=patterns) == _rank_kl_candidates(names, patterns=patterns)
