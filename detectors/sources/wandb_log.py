@@ -589,7 +589,9 @@ class Items:
                  split: bool = False) -> None:
         self.raws = raws
         self.typed = typed
-        self._list: list[bytes] = []  # the values, on the fast path
+        self._count = len(raws)
+        self._list: list[bytes] | None = None  # the values, on the fast path (or ``_arrow_values``)
+        self._arrow_values: Any = None
         self._arrow: Any = None
         self._values = np.empty(len(raws), dtype=object)
         self._prefixed = False  # values still carry their varint length (split path)
@@ -603,6 +605,18 @@ class Items:
         if self.flat:
             return self._plain_keys
         return not self.odd
+
+    @property
+    def _values(self) -> np.ndarray:
+        """The values as a numpy object array of bytes (made from the Arrow array on first use)."""
+        if self._objects is None:
+            self._objects = np.empty(self._count, dtype=object)
+            self._objects[:] = self._list if self._list is not None else self._arrow_values.to_pylist()
+        return self._objects
+
+    @_values.setter
+    def _values(self, values: np.ndarray) -> None:
+        self._objects = values
 
     @classmethod
     def flat_rows(cls, joined: bytes, nrows: int) -> tuple[Items, np.ndarray] | None:
@@ -621,16 +635,27 @@ class Items:
             return None
         self = cls.__new__(cls)
         self.raws, self.typed, self._prefixed, self.flat, self.odd = [], True, False, True, False
-        self._arrow = None
-        keys = list(flat.nested_key)
-        code_of = {k: i for i, k in enumerate(dict.fromkeys(keys))}
-        self.codes = np.fromiter(map(code_of.__getitem__, keys), dtype=np.int64, count=n)
-        marks = self.codes == code_of.get(b"\xfe", -1)
-        self._list = list(flat.value_json)
-        self._values = np.empty(n, dtype=object)
-        self._values[:] = self._list
-        if int(marks.sum()) != nrows or not (self._values[marks] == b"\xfe").all():
-            return None
+        self._count, self._list, self._arrow_values, self._arrow, self._objects = n, None, None, None, None
+        encoded = _arrow_binary(flat.nested_key, flat.value_json) if n >= ARROW_MIN_VALUES else None
+        if encoded is not None:  # many items: keys coded and values held by Arrow, no object per item
+            keys, self._arrow_values = encoded
+            keys = keys.dictionary_encode()  # codes in the order keys first appear, as dict.fromkeys
+            code_of = {k: i for i, k in enumerate(keys.dictionary.to_pylist())}
+            self.codes = keys.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+            marks = self.codes == code_of.get(b"\xfe", -1)
+            offsets, raw = _arrow_layout(self._arrow_values)
+            at = offsets[:-1][marks]
+            if int(marks.sum()) != nrows or not ((offsets[1:][marks] - at == 1).all()
+                                                  and (raw[np.minimum(at, max(raw.size - 1, 0))] == 0xFE).all()):
+                return None
+        else:
+            keys = list(flat.nested_key)
+            code_of = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+            self.codes = np.fromiter(map(code_of.__getitem__, keys), dtype=np.int64, count=n)
+            marks = self.codes == code_of.get(b"\xfe", -1)
+            self._list = list(flat.value_json)
+            if int(marks.sum()) != nrows or not (self._values[marks] == b"\xfe").all():
+                return None
         self.names = [k.decode("utf-8", "replace") or None for k in code_of]
         self._plain_keys = all(k == b"\xfe" or _plain_key(k) for k in code_of)
         return self, marks
@@ -709,7 +734,7 @@ class Items:
         number at all) sends the column the careful way."""
         if self._prefixed:
             return json_floats(*self.values(idx))
-        if len(self._list) >= ARROW_MIN_VALUES:
+        if self._count >= ARROW_MIN_VALUES:
             got = self._plain_floats(idx)
             if got is not None:
                 return got, np.ones(len(idx), dtype=bool)
@@ -737,13 +762,15 @@ class Items:
         import pyarrow as pa
 
         if self._arrow is None:
-            arr = pa.array(self._list, type=pa.binary())
-            n = len(arr)
-            offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset:arr.offset + n + 1]
-            data = arr.buffers()[2]
-            plain = np.zeros(n, dtype=bool)
-            if data is not None and data.size:
-                raw = np.frombuffer(data, dtype=np.uint8)
+            arr = self._arrow_values
+            if arr is None:
+                arr = _arrow_binary(self._list)
+                if arr is None:
+                    return None
+                arr = arr[0]
+            offsets, raw = _arrow_layout(arr)
+            plain = np.zeros(len(arr), dtype=bool)
+            if raw.size:
                 start, length = offsets[:-1], np.diff(offsets)
                 last = raw.size - 1
                 first = raw[np.minimum(start, last)]
@@ -769,6 +796,29 @@ class Items:
         bounds = np.concatenate([[0], np.cumsum(np.bincount(self.codes, minlength=len(self.names)))])
         return {name: order[bounds[c]:bounds[c + 1]] for c, name in enumerate(self.names)
                 if name is not None and bounds[c + 1] > bounds[c]}
+
+
+def _arrow_binary(*columns: Any) -> tuple[Any, ...] | None:
+    """Each column (a sequence of bytes) as one Arrow binary array, or None when one would not fit
+    in one (more than 2 GiB of bytes)."""
+    import pyarrow as pa
+
+    out = []
+    for column in columns:
+        arr = pa.array(column, type=pa.binary())
+        if not isinstance(arr, pa.Array):
+            return None
+        out.append(arr)
+    return tuple(out)
+
+
+def _arrow_layout(arr: Any) -> tuple[np.ndarray, np.ndarray]:
+    """An Arrow binary array's offsets (one more than its values) and bytes, as numpy arrays."""
+    n = len(arr)
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset:arr.offset + n + 1]
+    data = arr.buffers()[2]
+    raw = np.frombuffer(data, dtype=np.uint8) if data is not None and data.size else np.zeros(0, dtype=np.uint8)
+    return offsets, raw
 
 
 def to_floats(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
