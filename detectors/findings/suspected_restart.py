@@ -268,7 +268,10 @@ class SuspectedRestart(FindingDetector[SuspectedRestartConfig]):
         for name in sorted(piece):
             if name.startswith("_") or name in skip:
                 continue
-            s = piece[name].take(np.isfinite(piece[name].values))
+            s = piece[name]
+            finite = np.isfinite(s.values)
+            if not finite.all():
+                s = s.take(finite)
             if len(s) < cfg.min_points or np.any(np.diff(s.steps) <= 0) or np.ptp(s.values) == 0:
                 continue
             if _cumulative(v=s.values) and name != lineage.kl_metric:
@@ -308,7 +311,10 @@ class SuspectedRestart(FindingDetector[SuspectedRestartConfig]):
         positive = bool(np.all(v >= 0) and np.any(v > 0))
         fraction = bool(np.all(v >= 0) and np.all(v <= 1)) and family not in cfg.log_families
         if positive and not fraction and len(distinct) > cfg.few_values and family not in cfg.linear_families:
-            eps = cfg.zero_fraction * float(np.percentile(v[v > 0], TYPICAL_PERCENTILE))
+            above = v > 0
+            # every value above 0: v[v > 0] is |v| itself, whose percentile is ``typical``
+            level = typical if above.all() else float(np.percentile(v[above], TYPICAL_PERCENTILE))
+            eps = cfg.zero_fraction * level
             return floored_log(v, eps), cfg.noise_floor_log, eps
         gaps = np.diff(distinct) * typical
         quantum = float(np.min(gaps)) if len(gaps) else 0.0

@@ -204,3 +204,37 @@ def test_the_screen_gives_the_shifts_the_old_computation_gave(family, seed):
             assert got == want
             assert [type(v) for sh in got for v in sh.__dict__.values()] == \
                 [type(v) for sh in want for v in sh.__dict__.values()]
+
+
+def _transform_as_before(det: SuspectedRestart, *, v: np.ndarray, family: str):
+    from klwatch.findings.suspected_restart import DISTINCT_DECIMALS, TYPICAL_PERCENTILE
+    from klwatch.stats import floored_log
+
+    cfg = det.config
+    v = v.astype(float)
+    typical = float(np.percentile(np.abs(v), TYPICAL_PERCENTILE)) or 1.0
+    distinct = np.unique(np.round(v / typical, DISTINCT_DECIMALS))
+    positive = bool(np.all(v >= 0) and np.any(v > 0))
+    fraction = bool(np.all(v >= 0) and np.all(v <= 1)) and family not in cfg.log_families
+    if positive and not fraction and len(distinct) > cfg.few_values and family not in cfg.linear_families:
+        eps = cfg.zero_fraction * float(np.percentile(v[v > 0], TYPICAL_PERCENTILE))
+        return floored_log(v, eps), cfg.noise_floor_log, eps
+    gaps = np.diff(distinct) * typical
+    quantum = float(np.min(gaps)) if len(gaps) else 0.0
+    return v, max(quantum, cfg.noise_floor_linear * typical), None
+
+
+@pytest.mark.parametrize("family", ["kl", "entropy", "reward", "completions", "grad_norm"])
+@pytest.mark.parametrize("seed", range(10))
+def test_the_scale_a_series_is_read_on_is_the_old_computations(family, seed):
+    """``_transform`` reuses the typical magnitude as the log floor's level when every value is above 0
+    (the two percentiles are then of the same numbers): the same scale, floor and eps, bit for bit."""
+    det = SuspectedRestart()
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(20, 2000))
+    v = [rng.gamma(2.0, 0.01, n), np.where(rng.random(n) < 0.1, 0.0, rng.gamma(2.0, 0.01, n)),
+         rng.normal(0, 1, n), rng.integers(0, 17, n) / 16, 1 + rng.integers(0, 5, n) * 1e-12,
+         rng.gamma(2.0, 30.0, n).astype(np.float32)][seed % 6]
+    got, want = det._transform(v=v, family=family), _transform_as_before(det, v=v, family=family)
+    assert got[0].tobytes() == want[0].tobytes()
+    assert got[1:] == want[1:]
