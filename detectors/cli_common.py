@@ -10,31 +10,47 @@ import contextlib
 import errno
 import functools
 import inspect
-import logging
 import os
-import secrets
+import re
 import stat
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, Optional, get_type_hints
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional, get_type_hints
 
 import typer
-from rich.console import Console
-from rich.markup import escape
+from typer.core import TyperCommand
 
-from .boundaries import BoundaryConfig
-from .model import ScanResult
-from .parallel import ClusterUnreachable, Execution, check_cluster, default_jobs
-from .pipeline import ScanConfig, scan
-from .reference_reset import ReferenceResetConfig
 from .redact import redact_spec, scrub
 from .report import EXIT_USAGE, printable, secret_free
-from .sources.limits import ReadLimits
-from .stitching import StitchConfig, load_lineage_file
 
-err = Console(stderr=True)
+if TYPE_CHECKING:  # the rest loads when used: a re-scan the scan cache answers needs none of it
+    from rich.console import Console
+
+    from .model import ScanResult
+    from .pipeline import ScanConfig
+
+
+@functools.cache
+def _err() -> Console:
+    """The console every face writes its stderr lines through (made on first use: rich loads then)."""
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "err":  # ``from .cli_common import err``: the one stderr console
+        return _err()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
 
 SourcesArg = Annotated[list[str], typer.Argument(help="Local paths, wandb://ENTITY/PROJECT or .../RUN_ID, mlflow://HOST:PORT or .../EXPERIMENT; "
                                                        "append #PATTERN to keep matching runs.", show_default=False)]
@@ -76,15 +92,39 @@ class ScanOptions:
     restart: RestartOpt = None
     group_by: GroupOpt = None
     lineage: LineageOpt = None
-    reset_score: ResetScoreOpt = ReferenceResetConfig.reset_score
-    max_read_bytes: MaxBytesOpt = ReadLimits.max_bytes
-    max_read_seconds: MaxSecondsOpt = ReadLimits.max_seconds
+    reset_score: ResetScoreOpt = 0.95
+    """``ReferenceResetConfig.reset_score`` (tests/test_scan_memo.py keeps these three the library's defaults:
+    written here so that parsing a command line loads no judging or reading code)."""
+    max_read_bytes: MaxBytesOpt = 16 << 30
+    """``ReadLimits.max_bytes``."""
+    max_read_seconds: MaxSecondsOpt = 3600.0
+    """``ReadLimits.max_seconds``."""
     jobs: JobsOpt = None
     dask: DaskOpt = None
+
+    WHERE = ("jobs", "dask")
+    """The options that say where the work runs, never what a scan finds."""
+
+    def settings_text(self, *, findings: bool = True) -> str | None:
+        """The options a scan's result depends on, as text for the scan cache's memo of its reports
+        (every field but where the work runs, so a new option counts without a word here); None with
+        --lineage (a file that may change) or --dask (a cluster to check first): those scans are not
+        memoised this way."""
+        if self.lineage is not None or self.dask:
+            return None
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self.WHERE}
+        return repr(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in values.items())) + f" findings={findings}"
 
     def config(self, *, findings: bool = True) -> ScanConfig:
         """The one configuration object the pipeline takes (exits 2 naming the file when --lineage
         cannot be read, or the --dask scheduler when it cannot be reached: before any reading)."""
+        from .boundaries import BoundaryConfig
+        from .parallel import ClusterUnreachable, Execution, check_cluster, default_jobs
+        from .pipeline import ScanConfig
+        from .reference_reset import ReferenceResetConfig
+        from .sources.limits import ReadLimits
+        from .stitching import StitchConfig, load_lineage_file
+
         lineage_map = None
         if self.lineage is not None:
             try:
@@ -108,16 +148,117 @@ class ScanOptions:
 
 def _say_klwatch_warnings() -> None:
     """Show the pipeline's log warnings (a Dask cluster lost mid-scan) as every other warning line."""
+    import logging
+
+    handler = _say_handler()
     logger = logging.getLogger("klwatch")
-    if not any(isinstance(h, _SayHandler) for h in logger.handlers):
-        logger.addHandler(_SayHandler(logging.WARNING))
+    if not any(isinstance(h, handler) for h in logger.handlers):
+        logger.addHandler(handler(logging.WARNING))
 
 
-class _SayHandler(logging.Handler):
-    """A ``logging`` handler printing through ``say``."""
+@functools.cache
+def _say_handler() -> type:
+    """A ``logging`` handler printing through ``say`` (logging loads with --dask only)."""
+    import logging
 
-    def emit(self, record: logging.LogRecord) -> None:
-        say("error" if record.levelno >= logging.ERROR else "warning", record.getMessage())
+    class SayHandler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            say("error" if record.levelno >= logging.ERROR else "warning", record.getMessage())
+
+    return SayHandler
+
+
+class _Slow(Exception):
+    """A value ``_quick_value`` leaves to typer's own coercion."""
+
+
+_DIGITS = re.compile(r"(0|[1-9][0-9]{0,17})")
+_DECIMAL = re.compile(r"[0-9]{1,15}(\.[0-9]{1,15})?")
+_QUICK_TYPES = (str, bool, int, float, Path, list[str], list[int])
+
+
+def _quick_value(annotation: Any, info: Any, value: Any, param: Any, ctx: Any) -> Any:
+    """``value`` as typer's own coercion gives it, for the values that leave no doubt: a string for a
+    ``str``, a bool for a ``bool``; plain digits (or the default, already a number) within the option's bounds for an ``int``
+    or a ``float``; a non-empty path for a ``Path`` that passes typer's own checks; lists of those.
+    Anything else raises ``_Slow`` (a sign, an exponent, spaces, a bound crossed: typer says it)."""
+    if annotation is str or annotation is bool:
+        if type(value) is annotation:
+            return value
+    elif annotation is int or annotation is float:
+        if type(value) is annotation:
+            number = value
+        elif type(value) is str and (_DIGITS if annotation is int else _DECIMAL).fullmatch(value):
+            number = annotation(value)
+        else:
+            raise _Slow
+        if (info.min is None or number >= info.min) and (info.max is None or number <= info.max):
+            return number
+    elif annotation is Path:
+        if isinstance(value, Path) or (type(value) is str and value):
+            from typer._param_types import coerce_cli_path
+
+            try:
+                return coerce_cli_path(Path(value), info, path_type=Path, param=param, ctx=ctx)
+            except Exception:  # noqa: BLE001 - typer's own coercion says what is wrong, in its words
+                raise _Slow from None
+    elif annotation in (list[str], list[int]) and isinstance(value, (list, tuple)):
+        item = annotation.__args__[0]
+        return [_quick_value(item, info, v, param, ctx) for v in value]
+    raise _Slow
+
+
+def quick_coercion(params: list[Any]) -> None:
+    """Give typer's parameters of the plain types klwatch's options have a coercion that settles the
+    values that leave no doubt in Python (``_quick_value``) and hands every other to typer's own
+    (Pydantic), which then loads: a command line of plain values costs no Pydantic import or schema
+    (tens of milliseconds of every command's start). The same values come out either way
+    (tests/test_scan_memo.py compares them). Nothing is changed if typer's internals are not as expected."""
+    quick = _quick_runtime_param()
+    if quick is None:
+        return
+    for p in params:
+        desc = getattr(p, "type_descriptor", None)
+        if getattr(p, "_runtime_param", "") is not None or desc is None:
+            continue
+        info = desc.parameter_info
+        if desc.file_annotation is None and desc.annotation in _QUICK_TYPES and info.parser is None and not info.clamp:
+            p._runtime_param = quick(parameter_info=info, annotation=desc.annotation, descriptor=desc)
+
+
+@functools.cache
+def _quick_runtime_param() -> type | None:
+    """typer's runtime coercion of a parameter, trying ``_quick_value`` first (None with a typer
+    whose internals differ: its own coercion is then left alone)."""
+    try:
+        from typer._coercion import RuntimeParam, build_runtime_param
+    except ImportError:
+        return None
+
+    @dataclass(frozen=True)
+    class QuickRuntimeParam(RuntimeParam):  # type: ignore[misc, valid-type]
+        descriptor: Any = None
+
+        def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
+            try:
+                return _quick_value(self.annotation, self.parameter_info, value, param, ctx)
+            except _Slow:
+                return build_runtime_param(self.descriptor)._coerce_value(value, param=param, ctx=ctx)
+
+    return QuickRuntimeParam
+
+
+class QuickCoercion:
+    """A typer command or group whose parameters, ``--help`` included, are coerced by ``quick_coercion``."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        quick_coercion(params)
+        return params
+
+
+class KlwatchCommand(QuickCoercion, TyperCommand):
+    """Every klwatch command: typer's, its options coerced by ``quick_coercion``."""
 
 
 def with_scan_options(command: Callable[..., None]) -> Callable[..., None]:
@@ -154,8 +295,7 @@ def open_cache(sources: list[str], *, no_cache: bool, cache_dir: Path | None, ca
     """The scan cache the options ask for (a ``klwatch.scan_cache.ScanCache``), or None: with
     ``--no-cache``, or (with a warning saying why) when its folder cannot be used or lies inside a
     SOURCE, where it would be written into the user's run folders. A bad ``--cache-size`` exits 2."""
-    from .scan_cache import CacheUnusable, ScanCache, default_cache_dir, parse_size
-    from .sources import split_pattern
+    from .scan_cache import CacheUnusable, ScanCache, _split_pattern as split_pattern, default_cache_dir, parse_size
 
     try:
         max_bytes = parse_size(cache_size)
@@ -180,25 +320,33 @@ def open_cache(sources: list[str], *, no_cache: bool, cache_dir: Path | None, ca
         return None
 
 
-def run_scan(sources: list[str], config: ScanConfig, *, show_progress: bool = True, cache: Any = None) -> ScanResult:
+def run_scan(sources: list[str], config: ScanConfig, *, show_progress: bool = True, cache: Any = None,
+             memo: Any = None) -> ScanResult:
     """Scan with a progress bar on stderr when it takes more than a moment; the bar names each SOURCE
     as it may be shown (no credentials, no control characters, no markup). Through ``cache`` (a
-    ``ScanCache``) when given: an unchanged scan is reused whole, unchanged files are not read again."""
+    ``ScanCache``) when given: an unchanged scan is reused whole, unchanged files are not read again.
+    The result is kept in ``memo`` too when given (a ``klwatch.scan_cache.ReportMemo`` taken before
+    the scan, which ``scan_reports`` serves)."""
     if not sources:
         error_exit("give at least one SOURCE")
     key = cache.scan_key(sources, config) if cache is not None else None
     reused = cache.load_scan(key) if key is not None else None
     if reused is not None:
+        if memo is not None:
+            memo.store(reused)
         return reused
+    from .pipeline import scan
+
     # on a Dask cluster the files are read on its machines: the cache folder is this machine's
     read_unit = cache.read_unit if cache is not None and not config.execution.dask else None
+    err = _err()
     if not show_progress or not err.is_terminal:
         result = scan(sources, config=config, read_unit=read_unit, judge_cache=cache)
     else:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         def shown(spec: str) -> str:
-            return escape(printable(scrub(redact_spec(spec))))
+            return _escape(printable(scrub(redact_spec(spec))))
 
         with Progress(SpinnerColumn(), TextColumn("reading {task.description}"), TimeElapsedColumn(),
                       console=err, transient=True) as progress:
@@ -208,8 +356,24 @@ def run_scan(sources: list[str], config: ScanConfig, *, show_progress: bool = Tr
     if cache is not None:
         if key is not None and not result.any_error:  # a read bound passed (time) need not pass again
             cache.store_scan(key, result)
+        if memo is not None:
+            memo.store(result)
         cache.prune()
     return result
+
+
+def scan_reports(sources: list[str], options: ScanOptions, *, cache: Any, config: ScanConfig | None = None) -> Any:
+    """What ``klwatch scan`` reports on: a scan (``run_scan``), or, when the scan cache holds the memo
+    of one made with the same options, klwatch code and fleet, unchanged down to every file's size,
+    times and ends (``ScanCache.report_memo``), that scan's view as its reports read it
+    (``klwatch.report.ScanView``): the same output, without loading what reads or judges runs.
+    ``config``: ``options.config()`` when the caller made it already."""
+    settings = options.settings_text() if cache is not None and sources else None
+    memo = cache.report_memo(sources, settings, max_seconds=options.max_read_seconds) if settings else None
+    view = memo.load() if memo is not None else None
+    if view is not None:
+        return view
+    return run_scan(sources, config or options.config(), cache=cache, memo=memo)
 
 
 def say(level: str, message: str, *, clean: Callable[[str], str] = scrub) -> None:
@@ -218,10 +382,10 @@ def say(level: str, message: str, *, clean: Callable[[str], str] = scrub) -> Non
     commands shown inert (``printable``), never taken as markup, never wrapped (a wrapped line could
     start with a name's ``::``)."""
     style = "red" if level == "error" else "yellow"
-    err.print(f"[{style}]{level}[/] " + escape(printable(clean(message))), highlight=False, soft_wrap=True)
+    _err().print(f"[{style}]{level}[/] " + _escape(printable(clean(message))), highlight=False, soft_wrap=True)
 
 
-def report_errors(result: ScanResult) -> None:
+def report_errors(result: ScanResult | Any) -> None:
     """Every unreadable source or run on stderr, naming it and why (a name's control characters shown
     as escapes, so each message stays its own line; no SOURCE's credentials)."""
     clean = secret_free(result)
@@ -276,7 +440,7 @@ def _write_target(path: Path) -> tuple[Path, bool]:
 def _temp_beside(target: Path) -> tuple[int, Path]:
     """A new file in ``target``'s folder (same file system, so the rename is atomic), created with
     the umask's mode; a short name, since ``target``'s may already be at the length limit."""
-    tmp = target.parent / f".klwatch-{secrets.token_hex(6)}.tmp"
+    tmp = target.parent / f".klwatch-{os.urandom(6).hex()}.tmp"  # secrets.token_hex(6), without its imports
     return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
 
 

@@ -156,6 +156,7 @@ def redactor(specs: Iterable[str]) -> Callable[[str], str]:
     values = sorted({v for s in specs for v in spec_secrets(s)} | set(env_secrets()), key=len, reverse=True)
 
     def clean(text: str) -> str:
-        return _USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", _mask(text, values))
+        text = _mask(text, values)
+        return _USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", text) if "@" in text else text
 
     return clean

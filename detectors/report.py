@@ -9,14 +9,17 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Callable, Sequence
-from typing import Any
-from xml.etree import ElementTree as ET
-
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .model import BoundaryVerdict, LineageResult, ScanResult, plain_data
 from .redact import redact_spec, redactor
+
+if TYPE_CHECKING:
+    from xml.etree.ElementTree import Element
+
+    from .model import BoundaryVerdict, LineageResult, ScanResult
 
 SCHEMA = "klwatch.report/1"
 
@@ -73,7 +76,7 @@ def _escaped(m: re.Match[str]) -> str:
 def valid_unicode(text: str) -> str:
     """``text`` with lone surrogates (undecodable bytes of a non-UTF-8 name) shown as ``\\xNN``: a
     string every UTF-8 writer and every strict JSON parser accepts."""
-    return _SURROGATES.sub(_escaped, text)
+    return text if text.isascii() else _SURROGATES.sub(_escaped, text)
 
 
 _CI_COMMAND = re.compile(r"^(\s*):(?=:)")
@@ -114,7 +117,25 @@ def clean_strings(obj: Any, clean: Callable[[str], str]) -> Any:
 def json_safe(obj: Any) -> Any:
     """``obj`` as plain JSON data (``model.plain_data``) with every string valid Unicode. What every
     JSON face passes its data through before ``json_text``."""
+    if "numpy" not in sys.modules:  # then nothing in obj is a numpy value: a report from the scan memo
+        return _plain_builtins(obj, valid_unicode)
+    from .model import plain_data
+
     return plain_data(obj, text=valid_unicode)
+
+
+def _plain_builtins(obj: Any, text: Callable[[str], str]) -> Any:
+    """``model.plain_data`` of data made of Python's own types only (what a process that never loaded
+    numpy holds), without importing numpy for it: the same result (tests/test_scan_memo.py checks)."""
+    if isinstance(obj, str):
+        return text(obj)
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {text(str(k)): _plain_builtins(v, text) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain_builtins(v, text) for v in obj]
+    return obj
 
 
 def json_text(data: Any) -> str:
@@ -301,6 +322,8 @@ def junit_xml(result: ScanResult, *, finding_failures: Sequence[tuple[LineageRes
 
     ``finding_failures`` are (run, line) pairs for error findings a check gates on (``check
     --fail-on``): they fail that run's case too, built in the same pass as the rest of the suite."""
+    from xml.etree import ElementTree as ET
+
     lines_of: dict[int, list[str]] = {}
     for r, line in finding_failures:
         lines_of.setdefault(id(r), []).append(line)
@@ -329,7 +352,7 @@ _XML_KEEP = "\t\n\r"
 """The only control characters XML 1.0 allows."""
 
 
-def _xml_valid(root: ET.Element, clean: Callable[[str], str]) -> None:
+def _xml_valid(root: Element, clean: Callable[[str], str]) -> None:
     """Every attribute and text under ``root`` made valid XML 1.0 and free of secrets (``clean``): a
     run's name or message may hold control characters or undecodable bytes, which ElementTree writes as
     they are (then nothing parses the file); they are shown as escapes instead."""
@@ -340,11 +363,13 @@ def _xml_valid(root: ET.Element, clean: Callable[[str], str]) -> None:
             el.text = printable(clean(el.text), keep=_XML_KEEP)
 
 
-def _junit_case(suite: ET.Element, r: LineageResult, finding_lines: list[str]) -> list[str]:
+def _junit_case(suite: Element, r: LineageResult, finding_lines: list[str]) -> list[str]:
     """Add one run's test case to ``suite``; return its outcomes ("failure", "error", "skipped").
 
     A failing finding fails a run that has no reset (and is then not skipped); on a run that has one,
     its lines are added under the reset's explanations."""
+    from xml.etree import ElementTree as ET
+
     kind = r.lineage.segments[0].kind if r.lineage.segments else "run"
     case = ET.SubElement(suite, "testcase", classname=f"klwatch.{kind}", name=r.lineage.name)
     outcomes: list[str] = []
@@ -367,3 +392,98 @@ def _junit_case(suite: ET.Element, r: LineageResult, finding_lines: list[str]) -
     out.text = "\n".join(f"step {v.boundary.step} [{','.join(v.boundary.evidence)}]: {v.verdict} ({v.score:.2f}) {v.explanation}"
                          for v in r.verdicts)
     return outcomes
+
+
+# ------------------------------------------------------------------ a scan as its reports need it
+
+
+VIEW_FORMAT = 1
+"""Bumped when what ``scan_view`` keeps changes (klwatch's code version keys the memo as well)."""
+
+
+def scan_view(result: ScanResult) -> dict[str, Any]:
+    """What every report of ``klwatch scan`` reads from a scan, as plain data (JSON): its sources,
+    every training run's verdicts, findings, members and their extents, what could not be read, and
+    the result's derived facts (a reset, an error, nothing read), as computed by the model. Nothing is
+    redacted, escaped or dated here: that is done when it is shown, as for a fresh result.
+    ``ScanView.from_data`` gives it back as an object every renderer here takes like a ScanResult,
+    with no numpy or model class to load: the scan cache's memo of a whole scan (``klwatch.scan_cache``)."""
+
+    def segment(seg: Any, prefer: tuple[str, ...]) -> dict[str, Any]:
+        first, last = seg.extent(prefer)
+        return {"kind": seg.kind, "ref": seg.ref, "warnings": list(seg.warnings), "error": seg.error,
+                "extent": [list(prefer), first, last]}
+
+    def verdict(v: Any) -> dict[str, Any]:
+        b = v.boundary
+        return {"boundary": {"step": b.step, "resumed_from_step": b.resumed_from_step, "evidence": list(b.evidence)},
+                "verdict": v.verdict, "score": v.score, "kl_before": v.kl_before, "kl_after": v.kl_after,
+                "explanation": v.explanation, "window_before": v.window_before, "window_after": v.window_after}
+
+    def run(r: Any) -> dict[str, Any]:
+        lin = r.lineage
+        prefer = (lin.kl_metric,) if lin.kl_metric else ()
+        return {"lineage": {"id": lin.id, "name": lin.name, "kl_metric": lin.kl_metric, "step_axis": lin.step_axis,
+                            "notes": list(lin.notes), "segments": [segment(s, prefer) for s in lin.segments]},
+                "metric": r.metric, "status": r.status, "verdicts": [verdict(v) for v in r.verdicts],
+                "findings": [{"detector": f.detector, "step": f.step, "severity": f.severity, "message": f.message,
+                              "metrics": list(f.metrics)} for f in r.findings],
+                "error": r.error, "incomplete": list(r.incomplete)}
+
+    return {"format": VIEW_FORMAT,
+            "sources": [{"spec": s.spec, "kinds": list(s.kinds), "errors": [e.message for e in s.errors],
+                         "warnings": list(s.warnings)} for s in result.sources],
+            "results": [run(r) for r in result.results],
+            "any_reset": result.any_reset, "any_error": result.any_error, "nothing_read": result.nothing_read,
+            "unreadable": list(result.unreadable)}
+
+
+def view_json(view: dict[str, Any]) -> str | None:
+    """``scan_view`` data as JSON text that loads back the same (numpy numbers as Python's, tuples as
+    lists, which is all the renderers see of them); None when something in it would not."""
+    def plain(o: Any) -> Any:
+        if hasattr(o, "item") and type(o).__module__ == "numpy":
+            return o.item()
+        raise TypeError(type(o).__name__)
+
+    try:
+        return json.dumps(view, default=plain)
+    except (TypeError, ValueError):
+        return None
+
+
+class _Record:
+    """Attributes given by keyword: one object of the view (a source, a run, a boundary...)."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+
+class _ViewSegment(_Record):
+    def extent(self, prefer: tuple[str, ...] = ()) -> tuple[Any, Any]:
+        """The extent ``Segment.extent`` gave for the run's KL metric, the one a report asks for."""
+        kept, first, last = self.__dict__["_extent"]
+        if list(prefer) != kept:
+            raise ValueError(f"the scan view holds the extent for {kept}, not {list(prefer)}")
+        return first, last
+
+
+class ScanView(_Record):
+    """A scan as ``scan_view`` kept it, read like a ScanResult by ``exit_code``, ``to_json``,
+    ``render_table``, ``render_markdown``, ``junit_xml`` and the CLI's warnings; dated when loaded."""
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any], *, generated_at: str) -> ScanView:
+        def run(d: dict[str, Any]) -> _Record:
+            lin = d["lineage"]
+            segments = [_ViewSegment(kind=s["kind"], ref=s["ref"], warnings=s["warnings"], error=s["error"],
+                                     _extent=s["extent"]) for s in lin["segments"]]
+            verdicts = [_Record(**{**v, "boundary": _Record(**v["boundary"])}) for v in d["verdicts"]]
+            return _Record(**{**d, "lineage": _Record(**{**lin, "segments": segments}), "verdicts": verdicts,
+                              "findings": [_Record(**f) for f in d["findings"]]})
+
+        sources = [_Record(spec=s["spec"], kinds=s["kinds"], warnings=s["warnings"],
+                           errors=[_Record(message=m) for m in s["errors"]]) for s in data["sources"]]
+        return cls(sources=sources, results=[run(r) for r in data["results"]], any_reset=data["any_reset"],
+                   any_error=data["any_error"], nothing_read=data["nothing_read"], unreadable=data["unreadable"],
+                   generated_at=generated_at)

@@ -28,20 +28,22 @@ import dataclasses
 import hashlib
 import json
 import os
-import pickle
+import stat
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # imported where used: a re-scan served whole from the memo loads neither numpy nor a reader
+    import numpy as np
 
-from .model import ScanResult, Segment, Series
-from .sources.limits import GIB, Budget, read_regular, walk
-from .sources.local import CHECKPOINT_DIR, Unit, UnitRead, read_unit
-from .sources.resume import Resume
+    from .model import ScanResult, Segment
+    from .report import ScanView
+    from .sources.local import Unit, UnitRead
+    from .sources.resume import Resume
 
 FORMAT = 1
 """Bumped when what an entry holds changes: older entries are then misses, and pruned in time."""
@@ -50,7 +52,7 @@ HASH_WINDOW = 4096
 kept (a copy with ``cp -p``, a clock that did not move) still shows in its first or last bytes.
 These few bytes per file are not charged to ``--max-read-bytes``, which bounds what a SOURCE's
 contents cost; the look is bounded by the number of files, which the time bound bounds."""
-DEFAULT_MAX_BYTES = 2 * GIB
+DEFAULT_MAX_BYTES = 2 << 30
 PRUNE_TO = 0.8
 """When over its bound, the cache is pruned to this share of it, so the next scans do not prune again."""
 REMOTE_PREFIXES = ("wandb://", "mlflow://", "mlflow+http://", "mlflow+https://")
@@ -91,6 +93,8 @@ def parse_size(text: str) -> int:
 def file_identity(path: Path, *, upto: int | None = None) -> dict[str, Any]:
     """Size, mtime and hashes of the first and the last ``HASH_WINDOW`` bytes of a file (of its first
     ``upto`` bytes, when given: to tell whether a grown file still begins with what was cached)."""
+    from .sources.limits import Budget, read_regular
+
     st = os.stat(path)
     size = st.st_size if upto is None else min(upto, st.st_size)
     free = Budget()
@@ -115,6 +119,8 @@ def _stat(p: Path) -> list[int]:
 def checkpoint_entries(path: Path) -> list[tuple[Path, tuple[str, ...]]]:
     """What a checkpoint parent's reader looks at, in order: each checkpoint folder ``(name,)`` and the
     files at its top ``(name, file)``, never the weights deeper down."""
+    from .sources.local import CHECKPOINT_DIR
+
     out: list[tuple[Path, tuple[str, ...]]] = []
     for d in sorted(path.iterdir()):
         if d.is_dir() and CHECKPOINT_DIR.match(d.name):
@@ -140,6 +146,8 @@ def unit_fingerprint(unit: Unit) -> dict[str, Any]:
             if p.suffix == ".wandb":
                 logs[p.name] = file_identity(p) if p.is_file() else {"kind": "not a file"}
         return {"logs": logs}
+    from .sources.limits import walk
+
     listing: list[Any] = []
     if unit.kind == "checkpoints":
         return {"listing": [[*names, _stat(p)] for p, names in checkpoint_entries(path)]}
@@ -183,7 +191,10 @@ def can_read_on(old: dict[str, Any], new: dict[str, Any], *, log: Path, anchor: 
 
 # -- segments as JSON and Arrow -----------------------------------------------------------------
 
-_FIELDS = [f.name for f in dataclasses.fields(Segment) if f.name != "series"]
+def _segment_fields() -> list[str]:
+    from .model import Segment
+
+    return [f.name for f in dataclasses.fields(Segment) if f.name != "series"]
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -209,12 +220,14 @@ def _through_json(data: Any) -> Any | None:
 
 def _plain(seg: Segment) -> dict[str, Any] | None:
     """A Segment's fields other than its series, as JSON data (``_through_json``)."""
-    return _through_json({name: getattr(seg, name) for name in _FIELDS})
+    return _through_json({name: getattr(seg, name) for name in _segment_fields()})
 
 
 def _columns(segments: Sequence[Segment]) -> tuple[list[list[Any]], dict[str, np.ndarray]]:
     """Every series of the segments, in order: their (segment, name, points, has clock) and the
     concatenated steps, values and wall times."""
+    import numpy as np
+
     index: list[list[Any]] = []
     steps, values, walls = [], [], []
     for k, seg in enumerate(segments):
@@ -227,7 +240,9 @@ def _columns(segments: Sequence[Segment]) -> tuple[list[list[Any]], dict[str, np
     return index, {"step": cat(steps, np.int64), "value": cat(values, np.float64), "wall": cat(walls, np.float64)}
 
 
-def _series_from(index: list[list[Any]], cols: dict[str, np.ndarray], count: int) -> list[dict[str, Series]]:
+def _series_from(index: list[list[Any]], cols: dict[str, np.ndarray], count: int) -> list[dict[str, Any]]:
+    from .model import Series
+
     out: list[dict[str, Series]] = [{} for _ in range(count)]
     at = 0
     for k, name, n, has_wall in index:
@@ -268,6 +283,8 @@ class ScanCache:
 
     def read_unit(self, unit: Unit, *, root: Path, spec: str) -> UnitRead:
         """``klwatch.sources.local.read_unit``, through the cache (the ``ReadUnit`` signature)."""
+        from .sources.local import read_unit
+
         key = _key("unit", unit.kind, str(unit.path.resolve()), str(root), spec)
         try:
             fingerprint = unit_fingerprint(unit)
@@ -299,6 +316,10 @@ class ScanCache:
     def _load_entry(self, key: str) -> dict[str, Any] | None:
         """A unit's entry (its read rebuilt, fingerprint, resume point), or None when absent or not
         readable (a damaged entry is a miss, and removed)."""
+        from .model import Segment
+        from .sources.local import UnitRead
+        from .sources.resume import Resume
+
         meta_path, cols_path = self._unit_paths(key)
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
@@ -393,6 +414,8 @@ class ScanCache:
 
     def _load_pickle(self, kind: str, key: str) -> Any:
         """An entry pickled into this private cache, or None (absent, damaged, or not ours alone)."""
+        import pickle
+
         path = self.directory / kind / key[:2] / f"{key}.pickle"
         try:
             st = path.stat()
@@ -411,6 +434,8 @@ class ScanCache:
         return got
 
     def _store_pickle(self, kind: str, key: str, value: Any) -> None:
+        import pickle
+
         path = self.directory / kind / key[:2] / f"{key}.pickle"
         try:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -448,14 +473,33 @@ class ScanCache:
 
     def load_scan(self, key: str) -> ScanResult | None:
         """The result of the last scan with this key (dated now), or None."""
+        from .model import ScanResult
+
         result = self._load_pickle("scans", key)
         if not isinstance(result, ScanResult):
             return None
-        result.generated_at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        result.generated_at = _now()
         return result
 
     def store_scan(self, key: str, result: ScanResult) -> None:
         self._store_pickle("scans", key, result)
+
+    # -- per scan, as its reports need it
+
+    def report_memo(self, specs: Sequence[str], settings: str, *, max_seconds: float) -> ReportMemo | None:
+        """The memo of what ``klwatch scan`` reports for these SOURCEs and ``settings`` (a text that
+        changes with every option that can change a scan's result), or None when it cannot be kept (a
+        remote or missing SOURCE, a tree not looked at within ``max_seconds``).
+
+        Taken before the scan: the state of every SOURCE's tree (``fleet_state``), klwatch's code and
+        the settings. Served only while all of them are what they were when it was stored, so no read,
+        stitch or judgement is done and nothing but this module and ``klwatch.report`` is loaded."""
+        state = fleet_state(specs, deadline=time.monotonic() + max_seconds)
+        if state is None:
+            return None
+        places = [os.path.realpath(Path(_split_pattern(s)[0]).expanduser()) for s in specs]
+        key = _key("report", str(FORMAT), _code_version(), settings, json.dumps([list(specs), places]))
+        return ReportMemo(self, key, state)
 
     # -- size
 
@@ -483,16 +527,196 @@ class ScanCache:
         return removed
 
     def _entries(self) -> list[Path]:
+        from .sources.limits import walk
+
         out: list[Path] = []
-        for sub in ("units", "judged", "scans"):
+        for sub in ("units", "judged", "scans", "reports"):
             for dirpath, _, filenames in walk(self.directory / sub) if (self.directory / sub).is_dir() else []:
                 out.extend(Path(dirpath) / f for f in filenames if not f.startswith(".tmp"))
         return out
 
 
+@dataclasses.dataclass(frozen=True)
+class ReportMemo:
+    """One scan's memo entry (``ScanCache.report_memo``): its key and the state of the fleet taken
+    before the scan; ``load`` the reports' view of the last scan made in that very state, ``store``
+    this one's."""
+
+    cache: ScanCache
+    key: str
+    state: str
+
+    @property
+    def path(self) -> Path:
+        return self.cache.directory / "reports" / self.key[:2] / f"{self.key}.json"
+
+    def load(self) -> ScanView | None:
+        """The last such scan as its reports read it (``klwatch.report.ScanView``, dated now), or None."""
+        from .report import VIEW_FORMAT, ScanView
+
+        try:
+            entry = json.loads(self.path.read_bytes())
+            if entry.get("format") != FORMAT or entry.get("state") != self.state \
+                    or entry["view"].get("format") != VIEW_FORMAT:
+                return None
+            view = ScanView.from_data(entry["view"], generated_at=_now())
+        except FileNotFoundError:
+            return None
+        except Exception:  # noqa: BLE001 - a damaged entry is a miss, and removed
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(self.path)
+        return view
+
+    def store(self, result: ScanResult) -> None:
+        """Keep what the reports read of ``result``, the scan made from the state this memo took (never
+        one with an unreadable part: a time bound passed once need not pass again)."""
+        from .report import scan_view, view_json
+
+        if result.any_error:
+            return
+        view = view_json(scan_view(result))
+        if view is None:
+            return
+        entry = '{"format": %d, "state": %s, "view": %s}' % (FORMAT, json.dumps(self.state), view)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _atomic_write(self.path, entry.encode("utf-8", "surrogatepass"))
+        except OSError:
+            return
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+HASHED_SUFFIXES = frozenset({".csv", ".jsonl", ".parquet", ".db", ".wandb"})
+"""Files named like a reader's input (``klwatch.sources.local.is_input_name``, a test keeps this a
+superset): their first and last bytes are part of a fleet's state, as of a unit's fingerprint."""
+
+
+class _TooLong(Exception):
+    """A tree not looked at within its time: no memo for that scan."""
+
+
+def fleet_state(specs: Sequence[str], *, deadline: float) -> str | None:
+    """A digest of everything a scan of local SOURCEs can depend on: for each SOURCE, its real path
+    and, for every file and folder under it (symlinked folders not followed, as the readers do), its
+    name, type, permissions, size, mtime, ctime and inode; a symlink's target and what it points to;
+    for files named like an input, a hash of their first and last 4 KiB. More than discovery and the
+    units' fingerprints look at (a file no reader opens, or the inside of a W&B run folder, changes it
+    too): a re-scan reuses a memo only when none of it changed. None for a remote or missing SOURCE,
+    or a tree not walked by ``deadline``. Needs nothing but the standard library."""
+    h = hashlib.blake2b(digest_size=20)
+    try:
+        for spec in specs:
+            base, _ = _split_pattern(spec)
+            if base.startswith(REMOTE_PREFIXES):
+                return None
+            root = Path(base).expanduser()
+            try:
+                st, lst = os.stat(root), os.lstat(root)
+            except OSError:
+                return None
+            h.update(_text("source", spec, os.path.realpath(root)))
+            _feed_entry(h, "", root, lst)
+            if stat.S_ISDIR(st.st_mode):
+                _feed_tree(h, root, deadline)
+    except _TooLong:
+        return None
+    return h.hexdigest()
+
+
+def _feed_tree(h: Any, root: Path, deadline: float) -> None:
+    stack = [("", str(root))]
+    while stack:
+        if time.monotonic() > deadline:
+            raise _TooLong
+        rel, top = stack.pop()
+        try:
+            with os.scandir(top) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            h.update(_text("unlistable", rel, exc.errno))
+            continue
+        h.update(_text("folder", rel, len(entries)))
+        subdirs = []
+        for e in entries:
+            name = f"{rel}/{e.name}" if rel else e.name
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError as exc:
+                h.update(_text("unstatable", name, exc.errno))
+                continue
+            _feed_entry(h, name, Path(e.path), st)
+            if stat.S_ISDIR(st.st_mode):
+                subdirs.append((name, e.path))
+        stack.extend(reversed(subdirs))
+
+
+def _feed_entry(h: Any, name: str, path: Path, st: os.stat_result) -> None:
+    """One file, folder or symlink (``st`` its lstat) of a fleet's state."""
+    h.update(_text("entry", name, *_stat_fields(st)))
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            h.update(_text("link", os.readlink(path)))
+            st = os.stat(path)
+        except OSError as exc:
+            h.update(_text("dangling", exc.errno))
+            return
+        h.update(_text("target", *_stat_fields(st)))
+    if stat.S_ISREG(st.st_mode) and hashed_name(path.name):
+        h.update(_text("ends", _head_and_tail(path)))
+
+
+def hashed_name(name: str) -> bool:
+    """Whether a file's first and last bytes are part of a fleet's state: named like an input."""
+    return name.startswith("events.out.tfevents") or os.path.splitext(name)[1] in HASHED_SUFFIXES
+
+
+def _stat_fields(st: os.stat_result) -> tuple[int, ...]:
+    return st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
+
+
+def _head_and_tail(path: Path) -> str:
+    """A hash of a regular file's first and last ``HASH_WINDOW`` bytes, or why they cannot be read
+    (opened without blocking, and only when still a regular file: a FIFO swapped in is never read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        return f"unreadable {exc.errno}"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return "not a regular file"
+        head = os.pread(fd, HASH_WINDOW, 0)
+        tail = os.pread(fd, HASH_WINDOW, max(0, st.st_size - HASH_WINDOW)) if st.st_size > HASH_WINDOW else b""
+        return f"{_digest(head)}:{_digest(tail)}"
+    except OSError as exc:
+        return f"unreadable {exc.errno}"
+    finally:
+        os.close(fd)
+
+
+def _text(*parts: Any) -> bytes:
+    return (repr(parts) + "\n").encode("utf-8", "surrogatepass")
+
+
+def _split_pattern(spec: str) -> tuple[str, str | None]:
+    """``klwatch.sources.split_pattern`` (a test keeps them the same), without loading the readers."""
+    if "#" in spec:
+        base, pattern = spec.rsplit("#", 1)
+        return base, (pattern or None)
+    return spec, None
+
+
 def read_unit_since(unit: Unit, *, root: Path, spec: str, since: Resume | None) -> tuple[UnitRead, Resume | None]:
     """``read_unit``, or for a log that can be read on, reading on from ``since`` (the whole file when
     None); with the Resume a later read can go on from (None for a unit that is read whole)."""
+    from .sources.local import read_unit
+
     resumable = _resumable_reader(unit.kind)
     if resumable is None:
         return read_unit(unit, root=root, spec=spec), None
@@ -513,6 +737,12 @@ class _NoCanonicalForm(Exception):
 def _feed(h: Any, obj: Any, depth: int = 0) -> None:
     """Feed a value's content to a digest, canonically: equal content, equal bytes, however the value's
     objects are shared (a pickle of the same data differs with what it shares, so it cannot key)."""
+    import numpy as np
+
+    _feed_into(h, obj, depth, np)
+
+
+def _feed_into(h: Any, obj: Any, depth: int, np: Any) -> None:
     if depth > 200:
         raise _NoCanonicalForm("too deep")
     tag = type(obj).__name__.encode()
@@ -528,17 +758,17 @@ def _feed(h: Any, obj: Any, depth: int = 0) -> None:
     elif isinstance(obj, (list, tuple)):
         h.update(b"%s[%d;" % (tag, len(obj)))
         for x in obj:
-            _feed(h, x, depth + 1)
+            _feed_into(h, x, depth + 1, np)
     elif isinstance(obj, dict):
         h.update(b"dict{%d;" % len(obj))
         for k, v in obj.items():
-            _feed(h, k, depth + 1)
-            _feed(h, v, depth + 1)
+            _feed_into(h, k, depth + 1, np)
+            _feed_into(h, v, depth + 1, np)
     elif dataclasses.is_dataclass(obj):
         h.update(b"dc:%s.%s;" % (type(obj).__module__.encode(), tag))
         for f in dataclasses.fields(obj):
             h.update(f.name.encode() + b"=")
-            _feed(h, getattr(obj, f.name), depth + 1)
+            _feed_into(h, getattr(obj, f.name), depth + 1, np)
     else:
         raise _NoCanonicalForm(type(obj).__name__)
 
