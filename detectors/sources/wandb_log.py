@@ -193,8 +193,6 @@ class _Unframer:
         self.skipped_at = skipped
         """``len(warnings)`` and ``skipped`` when the last whole record was taken: what a read of
         the bytes before ``last_end`` alone would have warned."""
-        self.table = _ChunkTable.of(data, base) if len(data) >= TABLE_MIN_BLOCKS * BLOCK else None
-        """The file's FULL chunks with a good CRC, found for all blocks at once (large files only)."""
 
     def run(self) -> tuple[list[bytes], list[str]]:
         """Every chunk from the file header (or ``base``) on, block by block; then the warnings for
@@ -220,7 +218,6 @@ class _Unframer:
         summary = self.skipped_summary(self.skipped)
         if summary:
             self.warnings.append(summary)
-        self.table = None  # its payloads are ``out``'s: freed with them
         return self.out, self.warnings
 
     @property
@@ -239,8 +236,6 @@ class _Unframer:
         data, append, at = self.data, self.out.append, self.offsets.append
         unpack, crc32, seed_full = _CHUNK_HEADER.unpack_from, zlib.crc32, CHUNK_SEEDS[FULL]
         count, base, last_header = len(self.out), self.base, limit - CHUNK_HEADER
-        if self.table is not None:  # the run of checked FULL chunks from ``pos`` on, taken at once
-            pos = self.table.take(pos, limit, self.out, self.offsets)
         while pos <= last_header:
             crc, length, ctype = unpack(data, pos)
             start = pos + 7  # CHUNK_HEADER, FULL: literals, as globals cost a lookup per record
@@ -335,96 +330,6 @@ class _Unframer:
                                  f"block at byte {next_block}, losing the records in between{lost}")
         self.parts, self.resyncing = None, True
         return next_block - base
-
-
-TABLE_MIN_BLOCKS = 16
-"""From this many 32 KiB blocks on (and while as many still have chunks to walk), a file's chunk
-headers are found for all its blocks at once (``_ChunkTable``); below it the loop alone is faster."""
-
-
-class _ChunkTable:
-    """A large file's chunks, found block by block in parallel, and which are FULL with a good CRC.
-
-    Every block begins with a chunk header (chunks never cross a block boundary; a reader that
-    skips corruption goes on at the next block), so the chunks of all blocks are found together,
-    one step down every block's chain of headers at a time in numpy, as long as many blocks are
-    still on theirs (a block's chain stops at a header that does not fit its block, an impossible
-    type or a length that runs past its block: exactly where ``_full_chunks`` and ``_chunk`` see
-    those). The FULL chunks' CRCs are then computed in one pass of C calls. ``take`` hands
-    ``_full_chunks`` the run of checked FULL chunks that begins where it stands, which is the
-    run its own loop would take one by one; whatever the table does not cover (a block walked
-    only in part, a bad chunk) the loop and the careful path read as before.
-    """
-
-    def __init__(self, pos: np.ndarray, ends: np.ndarray, breaks: np.ndarray, first: np.ndarray,
-                 payloads: list[bytes]) -> None:
-        self.pos = pos  # relative start of each chunk taken (sorted), FULL with a good CRC
-        self.ends = ends
-        self.breaks = breaks  # indexes where a run of contiguous chunks begins anew (sorted)
-        self.first = first  # first[i]: index in ``payloads`` of chunk i
-        self.payloads = payloads
-
-    @classmethod
-    def of(cls, data: bytes, base: int) -> _ChunkTable | None:
-        n = len(data)
-        arr = np.frombuffer(data, dtype=np.uint8)
-        pos0 = 0 if base else FILE_HEADER_LEN
-        first_end = pos0 - (pos0 + base) % BLOCK + BLOCK  # where the block holding pos0 ends
-        starts = np.concatenate([[pos0], np.arange(first_end, n, BLOCK, dtype=np.int64)]).astype(np.int64)
-        if len(starts) < TABLE_MIN_BLOCKS:
-            return None
-        limits = np.minimum(starts - (starts + base) % BLOCK + BLOCK, n)
-        nb = len(starts)
-        cur, lim, col = starts, limits, np.arange(nb)
-        steps = []
-        while len(cur) >= max(TABLE_MIN_BLOCKS, 1):
-            fits = cur + CHUNK_HEADER <= lim
-            if not fits.all():
-                cur, lim, col = cur[fits], lim[fits], col[fits]
-            length = arr[cur + 4].astype(np.int64) | arr[cur + 5].astype(np.int64) << 8
-            ctype = arr[cur + 6]
-            end = cur + CHUNK_HEADER + length
-            ok = (ctype >= FULL) & (ctype <= LAST) & (end <= lim)
-            row = np.full(nb, -1, dtype=np.int64)
-            row[col[ok]] = cur[ok]
-            steps.append(row)
-            if not ok.all():
-                end, lim, col = end[ok], lim[ok], col[ok]
-            cur = end
-        if not steps:
-            return None
-        pos = np.stack(steps, axis=1).ravel()  # block by block, each block's chunks in order
-        pos = pos[pos >= 0]
-        pos = pos[arr[pos + 6] == FULL]
-        starts = pos + CHUNK_HEADER
-        ends = starts + (arr[pos + 4].astype(np.int64) | arr[pos + 5].astype(np.int64) << 8)
-        stored = (arr[pos].astype(np.uint32) | arr[pos + 1].astype(np.uint32) << 8
-                  | arr[pos + 2].astype(np.uint32) << 16 | arr[pos + 3].astype(np.uint32) << 24)
-        payloads = list(map(data.__getitem__, map(slice, starts.tolist(), ends.tolist())))
-        computed = np.fromiter(map(zlib.crc32, payloads, repeat(CHUNK_SEEDS[FULL])), dtype=np.uint32,
-                               count=len(payloads))
-        good = computed == stored
-        first = np.arange(len(pos))[good]
-        pos, ends = pos[good], ends[good]
-        breaks = np.flatnonzero(np.concatenate([[True], pos[1:] != ends[:-1]]))
-        return cls(pos, ends, breaks, first, payloads)
-
-    def take(self, pos: int, limit: int, out: list[bytes], offsets: list[int]) -> int:
-        """The checked FULL chunks from ``pos`` on, contiguous and before ``limit``, appended to
-        ``out`` (payloads) and ``offsets`` (where each chunk begins); where they end (``pos`` if
-        none begins there)."""
-        i = int(np.searchsorted(self.pos, pos))
-        if i >= len(self.pos) or self.pos[i] != pos:
-            return pos
-        b = int(np.searchsorted(self.breaks, i, side="right"))
-        j = int(self.breaks[b]) if b < len(self.breaks) else len(self.pos)
-        j = min(j, int(np.searchsorted(self.pos, limit)))
-        if j <= i:
-            return pos
-        f = int(self.first[i])
-        out += self.payloads[f:f + j - i]
-        offsets += self.pos[i:j].tolist()
-        return int(self.ends[j - 1])
 
 
 def _bytes_at(offsets: list[int]) -> str:
