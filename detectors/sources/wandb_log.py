@@ -16,7 +16,10 @@ protobuf parse of their concatenation (repeated fields append, so rows keep thei
 items in one more (a flat message collecting every key and every value), each distinct key is
 decoded once, and values become floats a column at a time in numpy, which accepts exactly the
 JSON numbers (plus the ``Infinity``/``NaN`` the writers emit) and rejects every other JSON value.
-The summary is folded with a ``dict`` over the items' key bytes.
+A large history (``ARROW_MIN_VALUES``) goes through Arrow instead of a Python object per item: its
+keys are coded by dictionary encoding and a column of plain decimal numbers is parsed by Arrow
+(correctly rounded: the same doubles). The summary is folded with a ``dict`` over the items' key
+bytes.
 
 A run's log grows while the run lives, and the watcher reads it again and again:
 ``read_wandb_run_dir_since`` reads only the bytes after where its last read stopped (a
