@@ -236,10 +236,12 @@ def _read_chunk(data: bytes, *, path: Path, ref: str, source: str, since: Resume
     session_starts += state.session_starts
     records = before + len(dstart)
     end = base + (int(dstart[-1] + dlen[-1]) + 4 if len(dstart) else 0)
-    parts = dict(path=path, ref=ref, source=source, series=merged, config=config, start_time=start_time,
+    resolved = path.resolve()  # once: it walks every component of the path
+    parts = dict(path=path, resolved=resolved, ref=ref, source=source, series=merged, config=config,
+                 start_time=start_time,
                  tb_meta=tb_meta, session_starts=session_starts, records=records, dropped=all_dropped,
                  decode_warnings=decode_warnings)
-    resume = Resume(file=str(path.resolve()), offset=end if len(dstart) else base,
+    resume = Resume(file=str(resolved), offset=end if len(dstart) else base,
                     segment=_segment(**parts, frame_warnings=[]), state={
                         "records": records, "dropped": all_dropped, "decode_warnings": decode_warnings,
                         "session_starts": session_starts, "tb_meta": tb_meta,
@@ -248,7 +250,7 @@ def _read_chunk(data: bytes, *, path: Path, ref: str, source: str, since: Resume
     return [_segment(**parts, frame_warnings=frame_warnings)], resume
 
 
-def _segment(*, path: Path, ref: str, source: str, series: dict[str, Series], config: dict[str, Any],
+def _segment(*, path: Path, resolved: Path, ref: str, source: str, series: dict[str, Series], config: dict[str, Any],
              start_time: float | None, tb_meta: dict[str, Any], session_starts: list[int], records: int,
              dropped: dict[str, int], decode_warnings: list[str], frame_warnings: list[str]) -> Segment:
     """The Segment an event file's decoded records make (the same whether read whole or on from an
@@ -267,7 +269,7 @@ def _segment(*, path: Path, ref: str, source: str, series: dict[str, Series], co
     folder = _run_folder(path, ref)
     return Segment(
         kind="tensorboard", ref=ref, source=source, run_id=folder, name=folder, group=folder,
-        config=dict(config), series=dict(series), start_time=start_time, store=str(path.resolve().parent),
+        config=dict(config), series=dict(series), start_time=start_time, store=str(resolved.parent),
         warnings=frame_warnings + nan_warnings + list(decode_warnings), meta=meta,
     )
 
