@@ -898,7 +898,9 @@ def _fold_items(raws: Sequence[bytes]) -> tuple[dict[str, Any], dict[str, bytes]
     each distinct prefix is decoded once."""
     if not raws:
         return {}, {}, False
-    last = dict(zip(map(_first, map(bytes.partition, raws, repeat(VALUE_TAG))), count()))
+    last = _last_per_prefix(raws) if len(raws) >= ARROW_MIN_VALUES else None
+    if last is None:
+        last = dict(zip(map(_first, map(bytes.partition, raws, repeat(VALUE_TAG))), count()))
     found: dict[str, tuple[int, Any]] = {}
     first_prefix: dict[str, bytes] = {}
     odd: set[bytes] = set()
@@ -922,6 +924,24 @@ def _fold_items(raws: Sequence[bytes]) -> tuple[dict[str, Any], dict[str, bytes]
 
 
 _first = itemgetter(0)
+
+
+def _last_per_prefix(raws: Sequence[bytes]) -> dict[bytes, int] | None:
+    """What ``_fold_items`` folds over, by Arrow for many items: each item's bytes before its first
+    ``value_json`` tag (all of it without one), as ``bytes.partition`` splits it, -> the position of
+    the last item under it, in the order the prefixes first appear (as a ``dict`` built item by
+    item keeps them); None when the items do not fit one Arrow array."""
+    import pyarrow.compute as pc
+
+    [items] = _arrow_binary(raws) or [None]
+    if items is None:
+        return None
+    prefixes = pc.list_element(pc.split_pattern(items, pattern=VALUE_TAG, max_splits=1), 0)
+    coded = prefixes.dictionary_encode()  # codes in the order prefixes first appear
+    codes = coded.indices.to_numpy(zero_copy_only=False)
+    last = np.full(len(coded.dictionary), -1, dtype=np.int64)
+    np.maximum.at(last, codes, np.arange(len(codes)))
+    return dict(zip(coded.dictionary.to_pylist(), last.tolist()))
 
 
 def read_summary(records: list[bytes], *, strict: bool = False) -> dict[str, Any]:

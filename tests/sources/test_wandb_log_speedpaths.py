@@ -132,26 +132,57 @@ def test_history_columns_read_the_same_with_and_without_arrow(values: list[bytes
 
 
 def test_a_large_run_reads_the_same_through_every_fast_path(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whole folders of a few thousand rows (one cut short), read with and without Arrow."""
+    """Whole folders of a few thousand rows and summary updates (one log cut short), read with and
+    without Arrow: the same Segment, and the same state to read on from."""
     rng = np.random.default_rng(3)
-    rows = []
+    records = [b"\x8a\x01" + _varint(len(r := _ld(1, b"big1"))) + r]  # Record.run (field 17)
     for s in range(6000):
         v = {"train/kl": json.dumps(float(rng.normal())).encode(), "train/int": str(int(rng.integers(-9, 2 ** 60))).encode(),
              "_timestamp": json.dumps(1.7e9 + s * 0.25).encode()}
         if s == 4000:
             v["train/kl"] = b"NaN"
-        rows.append(b"\x12" + _varint(len(r := _row(s, v))) + r)  # Record.history
-    summary = [b"\x1a" + _varint(len(x := _ld(1, _ld(2, b"train/kl") + _ld(16, b"0.5")))) + x] * 3
-    run = b"\x8a\x01" + _varint(len(r := _ld(1, b"big1"))) + r  # Record.run (field 17)
-    data = frame_wandb_log([run] + rows + summary)
+        runtime = _ld(1, _ld(2, b"_wandb") + _ld(2, b"runtime") + _ld(16, str(s // 500).encode())) + \
+            _ld(1, _ld(1, b"_runtime") + _ld(16, str(s // 500).encode()))
+        update = b"".join(_ld(1, _ld(2, k.encode()) + _ld(16, x)) for k, x in v.items())
+        records += [b"\x1a" + _varint(len(runtime)) + runtime, b"\x1a" + _varint(len(update)) + update,
+                    b"\x12" + _varint(len(r := _row(s, v))) + r]  # Record.summary twice, Record.history
+    data = frame_wandb_log(records)
     folder = tmp_path / "run-20260101_000000-big1"
     folder.mkdir()
     log = folder / "run-big1.wandb"
     for variant in (data, data[:-1000]):
         log.write_bytes(variant)
         monkeypatch.setattr(wandb_log, "ARROW_MIN_VALUES", OFF)
-        [want] = wandb_log.read_wandb_run_dir(folder, ref="r", source="s")
+        [want], want_resume = wandb_log.read_wandb_run_dir_since(folder, ref="r", source="s", since=None)
         monkeypatch.setattr(wandb_log, "ARROW_MIN_VALUES", 1000)
-        [got] = wandb_log.read_wandb_run_dir(folder, ref="r", source="s")
+        [got], got_resume = wandb_log.read_wandb_run_dir_since(folder, ref="r", source="s", since=None)
         assert_same_segment(got, want)
-        assert len(want.series["train/kl"]) > 5000
+        assert len(want.series["train/kl"]) > 5000 and want.meta["summary"]["train/int"] == got.meta["summary"]["train/int"]
+        assert want_resume is not None and got_resume.state == want_resume.state
+
+
+# -- summary ------------------------------------------------------------------------------------
+
+_keys = st.sampled_from([b"a", b"train/kl", b"_wandb", b"runtime", b"k\xff", b"", b"x\x82\x01y", b"\x82"])
+summary_items = st.one_of(
+    st.tuples(_keys, literals).map(lambda kv: _ld(2, kv[0]) + _ld(16, kv[1])),  # as wandb-core writes them
+    st.tuples(_keys, literals).map(lambda kv: _ld(1, kv[0]) + _ld(16, kv[1])),  # keyed by ``key``
+    st.tuples(_keys, _keys, literals).map(lambda k: _ld(2, k[0]) + _ld(2, k[1]) + _ld(16, k[2])),  # nested
+    st.tuples(_keys, literals).map(lambda kv: _ld(16, kv[1]) + _ld(2, kv[0])),  # value first
+    st.tuples(_keys, literals).map(lambda kv: _ld(2, kv[0]) + _ld(8, kv[1])),  # a typed value, no value_json
+    st.binary(max_size=12),  # anything
+)
+
+
+@settings(max_examples=200)
+@given(items=st.lists(summary_items, min_size=1, max_size=80), repeats=st.integers(1, 3))
+def test_summary_items_fold_the_same_with_and_without_arrow(items: list[bytes], repeats: int) -> None:
+    items = items * repeats  # later copies of a key win; its place is where it first came
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(wandb_log, "ARROW_MIN_VALUES", OFF)
+        want = wandb_log._fold_items(items)
+        mp.setattr(wandb_log, "ARROW_MIN_VALUES", 0)
+        got = wandb_log._fold_items(items)
+    assert list(got[0].items()) == list(want[0].items())
+    assert list(got[1].items()) == list(want[1].items())
+    assert got[2] == want[2]
