@@ -12,6 +12,11 @@ A fleet is mostly unchanged from one scan to the next, and growing runs only gro
 - **per scan**: when no input of a scan changed (same SOURCEs, same settings, same files, same
   klwatch code), the whole ScanResult of the last such scan is reused, so a re-scan of an unchanged
   fleet costs a look at its files and no read, stitch or judgement.
+- **per scan, as its reports read it** (``report_memo``, what ``klwatch scan`` asks first): what
+  the reports of the last scan with the same SOURCEs, options and klwatch code read
+  (``klwatch.report.scan_view``, as JSON), served while every file and folder under its SOURCEs is
+  as it was before that scan (``fleet_state``, standard library only): a re-scan of an unchanged
+  fleet as a process then loads no numpy, reader or judge.
 
 The cache lives in the user's cache folder (platformdirs; ``KLWATCH_CACHE_DIR`` or ``--cache-dir``
 to move it), never in a run folder, made private (0700) and not used when another user could
