@@ -696,8 +696,11 @@ def _head_and_tail(path: Path) -> str:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return "not a regular file"
-        head = os.pread(fd, HASH_WINDOW, 0)
-        tail = os.pread(fd, HASH_WINDOW, max(0, st.st_size - HASH_WINDOW)) if st.st_size > HASH_WINDOW else b""
+        head = os.read(fd, HASH_WINDOW)
+        tail = b""
+        if st.st_size > HASH_WINDOW:
+            os.lseek(fd, st.st_size - HASH_WINDOW, os.SEEK_SET)
+            tail = os.read(fd, HASH_WINDOW)
         return f"{_digest(head)}:{_digest(tail)}"
     except OSError as exc:
         return f"unreadable {exc.errno}"
