@@ -453,8 +453,9 @@ def _encode_varint(n: int) -> bytes:
 _str_len = getattr(np, "strings", np.char).str_len
 
 ARROW_MIN_VALUES = 20_000
-"""From this many history values on, numbers are parsed by Arrow (``Items._plain_floats``), many
-times faster than a ``float`` per value; below it pyarrow is not even imported."""
+"""From this many history items (or summary items) on, they are read through Arrow: keys coded by
+dictionary encoding and numbers parsed a column at a time (``Items._plain_floats``), with no Python
+object per item; below it pyarrow is not even imported."""
 
 
 def _plain_key(key: bytes) -> bool:
@@ -713,7 +714,10 @@ def _arrow_binary(*columns: Any) -> tuple[Any, ...] | None:
 
     out = []
     for column in columns:
-        arr = pa.array(column, type=pa.binary())
+        try:
+            arr = pa.array(column, type=pa.binary())
+        except pa.ArrowException:  # e.g. ArrowCapacityError: the per-item ways have no such bound
+            return None
         if not isinstance(arr, pa.Array):
             return None
         out.append(arr)
