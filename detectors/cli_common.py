@@ -295,7 +295,8 @@ def open_cache(sources: list[str], *, no_cache: bool, cache_dir: Path | None, ca
     """The scan cache the options ask for (a ``klwatch.scan_cache.ScanCache``), or None: with
     ``--no-cache``, or (with a warning saying why) when its folder cannot be used or lies inside a
     SOURCE, where it would be written into the user's run folders. A bad ``--cache-size`` exits 2."""
-    from .scan_cache import CacheUnusable, ScanCache, _split_pattern as split_pattern, default_cache_dir, parse_size
+    from .scan_cache import CacheUnusable, ScanCache, default_cache_dir, parse_size
+    from .source_names import REMOTE_PREFIXES, split_pattern
 
     try:
         max_bytes = parse_size(cache_size)
@@ -306,7 +307,7 @@ def open_cache(sources: list[str], *, no_cache: bool, cache_dir: Path | None, ca
     folder = (cache_dir.expanduser() if cache_dir is not None else default_cache_dir()).absolute()
     for spec in sources:
         base, _ = split_pattern(spec)
-        if base.startswith(("wandb://", "mlflow://", "mlflow+http://", "mlflow+https://")):
+        if base.startswith(REMOTE_PREFIXES):
             continue
         root = Path(base).expanduser().absolute()
         if root.is_dir() and (folder == root or root in folder.parents):

@@ -37,6 +37,7 @@ from typing import Any
 
 from .model import Lineage, LineageResult, SourceError, SourceRead
 from .redact import redact_spec, scrub, spec_secrets
+from .source_names import REMOTE_PREFIXES
 from .sources import read_source, split_pattern
 from .sources.limits import Budget, LimitExceeded, ReadLimits, reading
 
@@ -494,7 +495,7 @@ def read_one(spec: str, *, limits: ReadLimits, read_unit: Any = None) -> SourceR
 
 def is_remote(spec: str) -> bool:
     """A SOURCE read over the network (W&B API, MLflow server) rather than from local files."""
-    return spec.startswith(("wandb://", "mlflow://", "mlflow+http://", "mlflow+https://"))
+    return spec.startswith(REMOTE_PREFIXES)
 
 
 @dataclass

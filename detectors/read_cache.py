@@ -22,6 +22,7 @@ from typing import Any
 
 from .model import Segment, SourceError, SourceRead
 from .scan_cache import can_read_on, checkpoint_entries, log_anchor, read_unit_since, unit_fingerprint
+from .source_names import REMOTE_PREFIXES
 from .sources import read_source
 from .sources.limits import Budget, LimitExceeded, ReadLimits, reading, walk
 from .sources.local import Unit, UnitRead, read_local
@@ -95,7 +96,7 @@ class LocalReadCache:
 
     def read(self, spec: str) -> SourceRead:
         """Read one SOURCE (``#PATTERN`` already removed)."""
-        if spec.startswith(("wandb://", "mlflow://", "mlflow+http://", "mlflow+https://")):
+        if spec.startswith(REMOTE_PREFIXES):
             self.stats[spec] = ReadStats(full=True)
             return read_source(spec, limits=self.limits)
         with reading(Budget(self.limits, what=spec)):

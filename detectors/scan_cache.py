@@ -42,6 +42,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .source_names import REMOTE_PREFIXES, is_input_name, split_pattern
+
 if TYPE_CHECKING:  # imported where used: a re-scan served whole from the memo loads neither numpy nor a reader
     import numpy as np
 
@@ -60,7 +62,6 @@ contents cost; the look is bounded by the number of files, which the time bound 
 DEFAULT_MAX_BYTES = 2 << 30
 PRUNE_TO = 0.8
 """When over its bound, the cache is pruned to this share of it, so the next scans do not prune again."""
-REMOTE_PREFIXES = ("wandb://", "mlflow://", "mlflow+http://", "mlflow+https://")
 
 
 class CacheUnusable(Exception):
@@ -454,7 +455,6 @@ class ScanCache:
         """A key that changes with anything a scan's result depends on: the SOURCEs and settings, every
         input file (found as the scan finds them, fingerprinted), klwatch's code; None when a SOURCE
         is remote or cannot be looked at (such a scan is never reused)."""
-        from .sources import split_pattern
         from .sources.limits import Budget, reading
         from .sources.local import discover
 
@@ -502,7 +502,7 @@ class ScanCache:
         state = fleet_state(specs, deadline=time.monotonic() + max_seconds)
         if state is None:
             return None
-        places = [os.path.realpath(Path(_split_pattern(s)[0]).expanduser()) for s in specs]
+        places = [os.path.realpath(Path(split_pattern(s)[0]).expanduser()) for s in specs]
         key = _key("report", str(FORMAT), _code_version(), settings, json.dumps([list(specs), places]))
         return ReportMemo(self, key, state)
 
@@ -597,11 +597,6 @@ def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-HASHED_SUFFIXES = frozenset({".csv", ".jsonl", ".parquet", ".db", ".wandb"})
-"""Files named like a reader's input (``klwatch.sources.local.is_input_name``, a test keeps this a
-superset): their first and last bytes are part of a fleet's state, as of a unit's fingerprint."""
-
-
 class _TooLong(Exception):
     """A tree not looked at within its time: no memo for that scan."""
 
@@ -617,7 +612,7 @@ def fleet_state(specs: Sequence[str], *, deadline: float) -> str | None:
     h = hashlib.blake2b(digest_size=20)
     try:
         for spec in specs:
-            base, _ = _split_pattern(spec)
+            base, _ = split_pattern(spec)
             if base.startswith(REMOTE_PREFIXES):
                 return None
             root = Path(base).expanduser()
@@ -672,13 +667,8 @@ def _feed_entry(h: Any, name: str, path: Path, st: os.stat_result) -> None:
             h.update(_text("dangling", exc.errno))
             return
         h.update(_text("target", *_stat_fields(st)))
-    if stat.S_ISREG(st.st_mode) and hashed_name(path.name):
+    if stat.S_ISREG(st.st_mode) and is_input_name(path.name):
         h.update(_text("ends", _head_and_tail(path)))
-
-
-def hashed_name(name: str) -> bool:
-    """Whether a file's first and last bytes are part of a fleet's state: named like an input."""
-    return name.startswith("events.out.tfevents") or os.path.splitext(name)[1] in HASHED_SUFFIXES
 
 
 def _stat_fields(st: os.stat_result) -> tuple[int, ...]:
@@ -710,14 +700,6 @@ def _head_and_tail(path: Path) -> str:
 
 def _text(*parts: Any) -> bytes:
     return (repr(parts) + "\n").encode("utf-8", "surrogatepass")
-
-
-def _split_pattern(spec: str) -> tuple[str, str | None]:
-    """``klwatch.sources.split_pattern`` (a test keeps them the same), without loading the readers."""
-    if "#" in spec:
-        base, pattern = spec.rsplit("#", 1)
-        return base, (pattern or None)
-    return spec, None
 
 
 def read_unit_since(unit: Unit, *, root: Path, spec: str, since: Resume | None) -> tuple[UnitRead, Resume | None]:

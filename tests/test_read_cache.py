@@ -62,7 +62,7 @@ def test_a_missing_source_is_reported_as_read_local_reports_it(tmp_path):
 def test_a_poll_reads_within_the_scan_read_limits(tmp_path, monkeypatch):
     """``--max-read-bytes`` / ``--max-read-seconds`` bound a watch poll as they bound a scan: every unit
     is read under the SOURCE's budget, and a bound passed fails that SOURCE with the flag named."""
-    import klwatch.scan_cache as read_path  # the watcher reads each changed unit through it
+    import klwatch.sources.local as read_path  # the watcher reads each changed unit through its read_unit
     from klwatch.sources.limits import ReadLimits, current_budget
 
     write_run(tmp_path / "a", resumes=[30], buggy=True)

@@ -9,15 +9,8 @@ from __future__ import annotations
 
 from ..model import SourceError, SourceRead
 from ..redact import redact_spec
+from ..source_names import split_pattern  # noqa: F401 - the readers' home of it, re-exported
 from .limits import Budget, LimitExceeded, ReadLimits, reading
-
-
-def split_pattern(spec: str) -> tuple[str, str | None]:
-    """``mlflow.db#grpo-*`` -> (``mlflow.db``, ``grpo-*``): the run-name glob is applied by the pipeline."""
-    if "#" in spec:
-        base, pattern = spec.rsplit("#", 1)
-        return base, (pattern or None)
-    return spec, None
 
 
 def read_source(spec: str, *, limits: ReadLimits = ReadLimits()) -> SourceRead:

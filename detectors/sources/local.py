@@ -19,11 +19,9 @@ from pathlib import Path
 from typing import Protocol
 
 from ..model import Segment, SegmentKind, SourceError, SourceRead
+from ..source_names import TABLE_SUFFIXES, is_input_name
 from .limits import LimitExceeded, NotRegularFile, current_budget, is_regular_file, path_kind, read_regular, walk
 
-TABLE_SUFFIXES = {".csv", ".jsonl", ".parquet"}
-INPUT_SUFFIXES = TABLE_SUFFIXES | {".db", ".wandb"}
-"""Files a reader would open (besides event files): one that is not a regular file is skipped aloud."""
 CHECKPOINT_DIR = re.compile(r"^(step_\d+|checkpoint-\d+|global_step_\d+)$")
 WANDB_RUN_DIR = re.compile(r"^(offline-)?run-\d{8}_\d{6}-[0-9A-Za-z]+$")
 SKIP_DIRS = {".git", "__pycache__", ".venv", "node_modules", ".ipynb_checkpoints"}
@@ -135,13 +133,6 @@ _READERS: dict[str, tuple[SegmentKind, str, str]] = {
     "mlruns": ("mlflow", "mlflow_local", "read_mlruns"),
     "checkpoints": ("checkpoints", "checkpoints", "read_checkpoint_dir"),
 }
-
-
-def is_input_name(name: str) -> bool:
-    """Named like something a reader opens (an event file, a table, a store, a W&B log)."""
-    if name.startswith("events.out.tfevents"):
-        return not name.endswith(".profile-empty")
-    return os.path.splitext(name)[1] in INPUT_SUFFIXES
 
 
 def discover(root: Path, *, spec: str, warnings: list[str] | None = None) -> tuple[list[Unit], list[SourceError]]:
