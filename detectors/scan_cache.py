@@ -42,7 +42,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .source_names import REMOTE_PREFIXES, is_input_name, split_pattern
+from .source_names import REMOTE_PREFIXES, SKIP_DIRS, is_input_name, split_pattern
 
 if TYPE_CHECKING:  # imported where used: a re-scan served whole from the memo loads neither numpy nor a reader
     import numpy as np
@@ -60,6 +60,8 @@ kept (a copy with ``cp -p``, a clock that did not move) still shows in its first
 These few bytes per file are not charged to ``--max-read-bytes``, which bounds what a SOURCE's
 contents cost; the look is bounded by the number of files, which the time bound bounds."""
 DEFAULT_MAX_BYTES = 2 << 30
+MEMO_WALK_SECONDS = 10.0
+"""A tree whose state takes longer to take than this gets no per-scan memo (the walk would eat what it saves)."""
 PRUNE_TO = 0.8
 """When over its bound, the cache is pruned to this share of it, so the next scans do not prune again."""
 
@@ -499,7 +501,7 @@ class ScanCache:
         Taken before the scan: the state of every SOURCE's tree (``fleet_state``), klwatch's code and
         the settings. Served only while all of them are what they were when it was stored, so no read,
         stitch or judgement is done and nothing but this module and ``klwatch.report`` is loaded."""
-        state = fleet_state(specs, deadline=time.monotonic() + max_seconds)
+        state = fleet_state(specs, deadline=time.monotonic() + min(max_seconds, MEMO_WALK_SECONDS))
         if state is None:
             return None
         places = [os.path.realpath(Path(split_pattern(s)[0]).expanduser()) for s in specs]
@@ -651,7 +653,7 @@ def _feed_tree(h: Any, root: Path, deadline: float) -> None:
                 h.update(_text("unstatable", name, exc.errno))
                 continue
             _feed_entry(h, name, Path(e.path), st)
-            if stat.S_ISDIR(st.st_mode):
+            if stat.S_ISDIR(st.st_mode) and e.name not in SKIP_DIRS:  # discovery never looks inside those
                 subdirs.append((name, e.path))
         stack.extend(reversed(subdirs))
 

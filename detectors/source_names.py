@@ -10,6 +10,8 @@ REMOTE_PREFIXES = ("wandb://", "mlflow://", "mlflow+http://", "mlflow+https://")
 TABLE_SUFFIXES = frozenset({".csv", ".jsonl", ".parquet"})
 INPUT_SUFFIXES = TABLE_SUFFIXES | {".db", ".wandb"}
 """Files a reader would open (besides event files): one that is not a regular file is skipped aloud."""
+SKIP_DIRS = frozenset({".git", "__pycache__", ".venv", "node_modules", ".ipynb_checkpoints"})
+"""Folders discovery never walks into, at any depth: nothing in them is a run."""
 
 
 def split_pattern(spec: str) -> tuple[str, str | None]:

@@ -202,6 +202,21 @@ def test_any_change_under_a_source_changes_the_fleet_state(tmp_path: Path, chang
     assert fleet_state(specs, deadline=far) != before
 
 
+def test_what_discovery_never_walks_into_does_not_change_the_fleet_state(tmp_path: Path) -> None:
+    """A virtualenv or a git folder inside a SOURCE holds no run (discovery skips them at any depth): work
+    there does not cost the memo, nor a walk of its thousands of files."""
+    from klwatch.scan_cache import fleet_state
+
+    root = _tree(tmp_path / "fleet")
+    for skipped in (root / ".venv" / "lib", root / "a" / ".git" / "objects"):
+        skipped.mkdir(parents=True)
+    specs, far = [str(root)], 1e18
+    before = fleet_state(specs, deadline=far)
+    (root / ".venv" / "lib" / "site.py").write_text("x = 1\n", encoding="utf-8")
+    (root / "a" / ".git" / "objects" / "ab.csv").write_text("step,kl\n", encoding="utf-8")
+    assert fleet_state(specs, deadline=far) == before
+
+
 def test_a_symlink_retargeted_changes_the_fleet_state(tmp_path: Path) -> None:
     from klwatch.scan_cache import fleet_state
 

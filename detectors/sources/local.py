@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Protocol
 
 from ..model import Segment, SegmentKind, SourceError, SourceRead
-from ..source_names import TABLE_SUFFIXES, is_input_name
+from ..source_names import SKIP_DIRS, TABLE_SUFFIXES, is_input_name
 from .limits import LimitExceeded, NotRegularFile, current_budget, is_regular_file, path_kind, read_regular, walk
 
 CHECKPOINT_DIR = re.compile(r"^(step_\d+|checkpoint-\d+|global_step_\d+)$")
 WANDB_RUN_DIR = re.compile(r"^(offline-)?run-\d{8}_\d{6}-[0-9A-Za-z]+$")
-SKIP_DIRS = {".git", "__pycache__", ".venv", "node_modules", ".ipynb_checkpoints"}
 
 
 class ReadError(Exception):
