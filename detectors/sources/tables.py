@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
+import numpy as np  # (pandas is imported where a table is parsed: a scan that reads no table never loads it)
 
 from ..model import Segment, Series
 from .limits import read_regular
@@ -143,6 +142,7 @@ def _torn_json_line(body: bytes, tail: bytes) -> str | None:
 
 def _read_csv(data: bytes) -> tuple[dict[str, _Column], int]:
     """Every cell as text first, so an empty cell (missing) stays apart from a written ``nan``."""
+    import pandas as pd
     try:
         df = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, na_filter=False)
     except pd.errors.EmptyDataError as exc:
@@ -277,6 +277,7 @@ def _cell_text(x: Any) -> str:
 
 def _wall_seconds(col: _Column, *, name: str, ref: str, warnings: list[str]) -> np.ndarray | None:
     """Seconds since the epoch from numbers (s, or ms/us/ns when that large) or datetimes."""
+    import pandas as pd
     if col.numeric.any() and col.numeric.sum() >= col.present.sum() / 2:
         sec = np.where(col.numeric, col.num, np.nan)
         finite = sec[np.isfinite(sec)]
@@ -327,6 +328,7 @@ def _segments(columns: dict[str, _Column], *, nrows: int, path: Path, ref: str, 
               warnings: list[str]) -> list[Segment]:
     """One Segment per value of the segment column (one for the file without one); the file-wide
     ``warnings`` go to the first."""
+    import pandas as pd
     layout = _table_layout(columns, ref=ref, warnings=warnings)
     if layout.seg_name is not None:
         keys = np.array([_cell_text(x) for x in columns[layout.seg_name].raw], dtype=object)
@@ -454,6 +456,7 @@ def _wide_series(metrics: dict[str, _Column], *, rows: np.ndarray, steps: np.nda
 
 def _long_series(tags: _Column, values: _Column, *, rows: np.ndarray, steps: np.ndarray,
                  walls: np.ndarray | None, ref: str, warnings: list[str]) -> dict[str, Series]:
+    import pandas as pd
     rows = rows[tags.present[rows] & values.numeric[rows]]
     labels = np.array([_cell_text(x) for x in tags.raw[rows]], dtype=object)
     codes, uniques = pd.factorize(labels)
