@@ -75,7 +75,8 @@ class ResumeGuard:
     ``record`` is the fingerprint file (beside the checkpoints, so it travels with them). ``config`` is
     the run's config: a declared reference update (TRL's ``sync_ref_model``, ...) makes a moved reference
     intentional, so its fingerprint is recorded but not compared, and the KL judge calls a drop at a
-    declared update ``intentional``. ``write`` is False on every process but the main one.
+    declared update ``intentional``. ``write``: whether this process writes the record and the kept
+    history (False on a process that checks against a record another one keeps).
     """
 
     record: Path
