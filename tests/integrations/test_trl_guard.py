@@ -8,6 +8,7 @@ Needs the ``trl`` extra (``scripts/setup.sh --test --trl``); ``.ci/run`` runs th
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -19,12 +20,12 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.trl
-for _key, _value in {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                     "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline", "WANDB_SILENT": "true",
-                     "DISABLE_MLFLOW_INTEGRATION": "TRUE"}.items():
-    os.environ.setdefault(_key, _value)
-pytest.importorskip("trl")
-pytest.importorskip("peft")
+if importlib.util.find_spec("trl") is None or importlib.util.find_spec("peft") is None:
+    pytest.skip("needs the trl extra (scripts/setup.sh --test --trl)", allow_module_level=True)
+# Nothing reaches a network: set before transformers is imported, which reads them once. Only these: the
+# rest of the session (the corpus generator's launches inherit the environment) must see what it set.
+for _key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    os.environ.setdefault(_key, "1")
 
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  # noqa: E402
@@ -218,11 +219,14 @@ def test_the_verdict_reaches_the_trackers_and_klwatch_scan(tmp_path, base, monke
         monkeypatch.setenv(key, value)
     out = tmp_path / "run"
     trackers = ["tensorboard", "wandb"]
-    launch(out, base, report_to=trackers)
-    wandb.finish()  # each launch is its own process, so its own W&B run
-    with pytest.warns(ReferenceResetWarning):
-        launch(out, base, model_from="checkpoint", resume=SAVE, max_steps=2 * SAVE, report_to=trackers)
-    wandb.finish()
+    try:
+        launch(out, base, report_to=trackers)
+        wandb.finish()  # each launch is its own process, so its own W&B run
+        with pytest.warns(ReferenceResetWarning):
+            launch(out, base, model_from="checkpoint", resume=SAVE, max_steps=2 * SAVE, report_to=trackers)
+        wandb.finish()
+    finally:
+        wandb.teardown()  # no wandb state left in this process for later tests
     from tbparse import SummaryReader
 
     scalars = SummaryReader(str(out / "tb")).scalars
