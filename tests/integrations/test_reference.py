@@ -120,6 +120,7 @@ def test_no_record_is_file_not_found(tmp_path):
         verify_reference(_weights(), tmp_path / "missing.json")
 
 
+@pytest.mark.trl  # torch comes with the trl extra: .ci/run runs these where it is installed
 def test_torch_tensors_of_any_dtype_hash_as_their_bytes():
     torch = pytest.importorskip("torch")
     t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
@@ -132,6 +133,7 @@ def test_torch_tensors_of_any_dtype_hash_as_their_bytes():
     assert fingerprint({"w": t.t()}).tensors["w"] == fingerprint({"w": t.t().contiguous()}).tensors["w"]
 
 
+@pytest.mark.trl
 def test_tied_weights_are_hashed_once():
     torch = pytest.importorskip("torch")
     shared = torch.ones(64, 8)
