@@ -4,6 +4,8 @@ Streamlit page to settle, and reading and clicking the dashboard's fleet grid an
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,23 @@ needs_chromium = [
     pytest.mark.browser,
     pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium (scripts/setup.sh --test installs it)"),
 ]
+
+
+@contextmanager
+def fleet_page(url: str, *, timeout: int = WAIT_MS) -> Iterator:
+    """A real headless Chromium on the dashboard at URL, once its fleet grid is there: the page (the
+    browser is ``page.context.browser``), closed afterwards."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.goto(url, timeout=timeout)
+            page.locator("[data-testid=stDataFrame] table[role=grid]").first.wait_for(state="attached", timeout=timeout)
+            yield page
+        finally:
+            browser.close()
 
 
 def settled(page) -> None:

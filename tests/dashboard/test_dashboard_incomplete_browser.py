@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chromium import ARGS, CHROMIUM, WAIT_MS, click_run_name, fleet_rows_when, needs_chromium, settled
+from chromium import WAIT_MS, click_run_name, fleet_page, fleet_rows_when, needs_chromium, settled
 from dashboard_runs import write_run
 from dashboard_server import running_dashboard
 
@@ -26,34 +26,25 @@ def write_corrupt_fleet(root: Path) -> tuple[Path, str]:
 
 
 def test_a_run_with_a_corrupt_post_resume_file_is_marked_incomplete_in_fleet_and_header(tmp_path: Path) -> None:
-    from playwright.sync_api import sync_playwright
-
     fleet, bad_ref = write_corrupt_fleet(tmp_path / "runs")
-    with running_dashboard([str(fleet)], log=tmp_path / "dashboard.log") as url, sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1100})
-            page.goto(url, timeout=WAIT_MS)
-            page.locator("[data-testid=stDataFrame] table[role=grid]").first.wait_for(state="attached", timeout=WAIT_MS)
-            rows = fleet_rows_when(page, lambda rs: len(rs) == 2, "the fleet never showed the two runs")
-            by_name = {r["run"]: (i, r) for i, r in enumerate(rows)}
-            assert set(by_name) == {"grpo-healthy", "grpo-corrupt"}  # no separate error row
-            assert by_name["grpo-corrupt"][1]["incomplete"].startswith("⚠ incomplete")
-            assert by_name["grpo-healthy"][1]["incomplete"] in ("", "-")
-            assert "incomplete: 1" in page.locator("[data-testid=stMarkdown]", has_text="incomplete:").first.inner_text()
+    with running_dashboard([str(fleet)], log=tmp_path / "dashboard.log") as url, fleet_page(url) as page:
+        rows = fleet_rows_when(page, lambda rs: len(rs) == 2, "the fleet never showed the two runs")
+        by_name = {r["run"]: (i, r) for i, r in enumerate(rows)}
+        assert set(by_name) == {"grpo-healthy", "grpo-corrupt"}  # no separate error row
+        assert by_name["grpo-corrupt"][1]["incomplete"].startswith("⚠ incomplete")
+        assert by_name["grpo-healthy"][1]["incomplete"] in ("", "-")
+        assert "incomplete: 1" in page.locator("[data-testid=stMarkdown]", has_text="incomplete:").first.inner_text()
 
-            click_run_name(page, by_name["grpo-corrupt"][0])
-            page.locator(".st-key-run_view h2", has_text="grpo-corrupt").wait_for(timeout=WAIT_MS)
-            box = page.locator(".st-key-run_incomplete")
-            box.wait_for(timeout=WAIT_MS)
-            settled(page)
-            text = box.inner_text()
-            assert "Incomplete run" in text and bad_ref in text and "corrupt event file" in text, text
-            assert "incomplete" in page.locator(".st-key-run_view").inner_text()
+        click_run_name(page, by_name["grpo-corrupt"][0])
+        page.locator(".st-key-run_view h2", has_text="grpo-corrupt").wait_for(timeout=WAIT_MS)
+        box = page.locator(".st-key-run_incomplete")
+        box.wait_for(timeout=WAIT_MS)
+        settled(page)
+        text = box.inner_text()
+        assert "Incomplete run" in text and bad_ref in text and "corrupt event file" in text, text
+        assert "incomplete" in page.locator(".st-key-run_view").inner_text()
 
-            # the filter state, from a link: only the incomplete run is listed
-            page.goto(f"{url}/?incomplete=1", timeout=WAIT_MS)
-            rows = fleet_rows_when(page, lambda rs: [r["run"] for r in rs] == ["grpo-corrupt"],
-                              "Only incomplete did not keep the corrupt run alone")
-        finally:
-            browser.close()
+        # the filter state, from a link: only the incomplete run is listed
+        page.goto(f"{url}/?incomplete=1", timeout=WAIT_MS)
+        rows = fleet_rows_when(page, lambda rs: [r["run"] for r in rs] == ["grpo-corrupt"],
+                          "Only incomplete did not keep the corrupt run alone")

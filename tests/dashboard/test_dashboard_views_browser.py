@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from chromium import (ARGS, CHROMIUM, WAIT_MS, click_run_name, fleet_rows, fleet_rows_when, needs_chromium,
+from chromium import (WAIT_MS, click_run_name, fleet_page, fleet_rows, fleet_rows_when, needs_chromium,
                       points_per_panel, run_chart, settled)
 from dashboard_runs import write_findings_fleet
 from dashboard_server import REPO, running_dashboard
@@ -47,64 +47,55 @@ def _contrast(a: str, b: str) -> float:
 
 
 def test_findings_compare_and_dark_mode_in_the_browser(tmp_path: Path) -> None:
-    from playwright.sync_api import sync_playwright
-
     fleet = write_findings_fleet(tmp_path / "runs")
-    with running_dashboard([str(fleet)], log=tmp_path / "dashboard.log") as url, sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1100})
-            page.goto(url, timeout=WAIT_MS)
-            page.locator("[data-testid=stDataFrame] table[role=grid]").first.wait_for(state="attached", timeout=WAIT_MS)
-            rows = fleet_rows_when(page, lambda rs: any(r.get("status") == "ok, with findings" for r in rs),
-                              "the finding run never showed 'ok, with findings'")
-            by_name = {r["run"]: (i, r) for i, r in enumerate(rows)}
-            assert by_name["grpo-lr-restart"][1]["status"] == "ok, with findings"
-            assert "lr_schedule_restart" in by_name["grpo-lr-restart"][1]["findings"]
-            assert by_name["grpo-resume-fixed"][1]["status"] == "ok" and not by_name["grpo-resume-fixed"][1]["findings"]
-            assert "ok, with findings: 1" in page.locator("[data-testid=stMarkdown]", has_text="ok, with findings:").first.inner_text()
-            _shot_clip(page, page.locator("[data-testid=stMainBlockContainer]"), tmp_path)
+    with running_dashboard([str(fleet)], log=tmp_path / "dashboard.log") as url, fleet_page(url) as page:
+        rows = fleet_rows_when(page, lambda rs: any(r.get("status") == "ok, with findings" for r in rs),
+                          "the finding run never showed 'ok, with findings'")
+        by_name = {r["run"]: (i, r) for i, r in enumerate(rows)}
+        assert by_name["grpo-lr-restart"][1]["status"] == "ok, with findings"
+        assert "lr_schedule_restart" in by_name["grpo-lr-restart"][1]["findings"]
+        assert by_name["grpo-resume-fixed"][1]["status"] == "ok" and not by_name["grpo-resume-fixed"][1]["findings"]
+        assert "ok, with findings: 1" in page.locator("[data-testid=stMarkdown]", has_text="ok, with findings:").first.inner_text()
+        _shot_clip(page, page.locator("[data-testid=stMainBlockContainer]"), tmp_path)
 
-            # the flagged run opened by itself; a click on the finding run's name opens it
-            run_chart(page, "grpo-resume-buggy")
-            click_run_name(page, by_name["grpo-lr-restart"][0])
-            chart = run_chart(page, "grpo-lr-restart")
-            marks = [t.strip() for t in chart.locator("g.annotation text").all_text_contents()]
-            assert "◆ lr_schedule_restart" in marks
-            assert "ok, with findings" in page.locator(".st-key-run_view").inner_text()
-            _shot(page.locator(".st-key-run_chart"), "run-finding-marker.png", tmp_path)
+        # the flagged run opened by itself; a click on the finding run's name opens it
+        run_chart(page, "grpo-resume-buggy")
+        click_run_name(page, by_name["grpo-lr-restart"][0])
+        chart = run_chart(page, "grpo-lr-restart")
+        marks = [t.strip() for t in chart.locator("g.annotation text").all_text_contents()]
+        assert "◆ lr_schedule_restart" in marks
+        assert "ok, with findings" in page.locator(".st-key-run_view").inner_text()
+        _shot(page.locator(".st-key-run_chart"), "run-finding-marker.png", tmp_path)
 
-            # Back: the run opened before
-            page.go_back()
-            run_chart(page, "grpo-resume-buggy")
-            assert "grpo-resume-buggy" in page.locator(".st-key-run_view h2").inner_text()
+        # Back: the run opened before
+        page.go_back()
+        run_chart(page, "grpo-resume-buggy")
+        assert "grpo-resume-buggy" in page.locator(".st-key-run_view h2").inner_text()
 
-            # compare: the control run's KL over the resumed one's, and where they part
-            buggy = re.search(r"run=([^&]+)", page.url).group(1)
-            control = buggy.replace("grpo-resume-buggy", "grpo-control")
-            page.goto(f"{url}/?run={buggy}&control={control}", timeout=WAIT_MS)
-            chart = run_chart(page, "grpo-resume-buggy")
-            texts = " ".join(chart.locator("g.annotation text, g.legend text").all_text_contents())
-            assert "control: grpo-control" in texts
-            assert "parted at step 6" in texts  # the KL collapses at the resume (61)
-            assert "Compare: parted." in page.locator(".st-key-run_view").inner_text()
-            page.locator(".st-key-run_chart").scroll_into_view_if_needed()
-            settled(page)
-            _shot(page.locator(".st-key-run_chart"), "compare-view.png", tmp_path)
+        # compare: the control run's KL over the resumed one's, and where they part
+        buggy = re.search(r"run=([^&]+)", page.url).group(1)
+        control = buggy.replace("grpo-resume-buggy", "grpo-control")
+        page.goto(f"{url}/?run={buggy}&control={control}", timeout=WAIT_MS)
+        chart = run_chart(page, "grpo-resume-buggy")
+        texts = " ".join(chart.locator("g.annotation text, g.legend text").all_text_contents())
+        assert "control: grpo-control" in texts
+        assert "parted at step 6" in texts  # the KL collapses at the resume (61)
+        assert "Compare: parted." in page.locator(".st-key-run_view").inner_text()
+        page.locator(".st-key-run_chart").scroll_into_view_if_needed()
+        settled(page)
+        _shot(page.locator(".st-key-run_chart"), "compare-view.png", tmp_path)
 
-            # dark mode: the panel titles and the chart title read against the page's background
-            dark = browser.new_page(viewport={"width": 1400, "height": 1100}, color_scheme="dark")
-            dark.goto(f"{url}/?run={buggy}", timeout=WAIT_MS)
-            run_chart(dark, "grpo-resume-buggy")
-            background = dark.evaluate("() => getComputedStyle(document.querySelector('.stApp')).backgroundColor")
-            fills = dark.evaluate("() => [...document.querySelectorAll('.st-key-run_chart .gtitle, "
-                                  ".st-key-run_chart g.annotation text')].filter(t => !t.closest('g.annotation')"
-                                  "?.querySelector('rect.bg[style*=\"fill: rgb(\"]:not([style*=\"fill-opacity: 0\"])'))"
-                                  ".map(t => getComputedStyle(t).fill)")
-            assert _luminance(background) < 0.1, background  # the dark theme is on
-            assert fills and all(_contrast(f, background) >= 4.5 for f in fills), (background, fills)
-        finally:
-            browser.close()
+        # dark mode: the panel titles and the chart title read against the page's background
+        dark = page.context.browser.new_page(viewport={"width": 1400, "height": 1100}, color_scheme="dark")
+        dark.goto(f"{url}/?run={buggy}", timeout=WAIT_MS)
+        run_chart(dark, "grpo-resume-buggy")
+        background = dark.evaluate("() => getComputedStyle(document.querySelector('.stApp')).backgroundColor")
+        fills = dark.evaluate("() => [...document.querySelectorAll('.st-key-run_chart .gtitle, "
+                              ".st-key-run_chart g.annotation text')].filter(t => !t.closest('g.annotation')"
+                              "?.querySelector('rect.bg[style*=\"fill: rgb(\"]:not([style*=\"fill-opacity: 0\"])'))"
+                              ".map(t => getComputedStyle(t).fill)")
+        assert _luminance(background) < 0.1, background  # the dark theme is on
+        assert fills and all(_contrast(f, background) >= 4.5 for f in fills), (background, fills)
 
 
 def _shot_clip(page, main, tmp_path: Path) -> None:
@@ -129,29 +120,20 @@ def _bench_writer():
 
 
 def test_a_fleet_past_the_point_budget_opens_nothing_by_itself_and_every_run_opens_thinned(tmp_path: Path) -> None:
-    from playwright.sync_api import sync_playwright
-
     root = tmp_path / "big"
     _bench_writer()(root, runs=12, steps=1_500)  # 6,000 points a run: past a budget of 2,000
     env = {**os.environ, "KLWATCH_DASHBOARD_POINT_BUDGET": "2000", "KLWATCH_DASHBOARD_PANEL_POINTS": "500"}
-    with running_dashboard([str(root)], log=tmp_path / "dashboard.log", env=env) as url, sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1100})
-            page.goto(url, timeout=WAIT_MS)
-            page.locator("[data-testid=stDataFrame] table[role=grid]").first.wait_for(state="attached", timeout=WAIT_MS)
-            page.get_by_text("No run opened by itself").wait_for(timeout=WAIT_MS)
-            settled(page)
-            assert page.locator(".st-key-run_chart").count() == 0
-            rows = fleet_rows(page)
-            assert len(rows) >= 10
-            click_run_name(page, 0)
-            chart = run_chart(page, rows[0]["run"])
-            per_panel = points_per_panel(page)
-            assert per_panel and max(per_panel.values()) <= 500, per_panel
-            assert "min/max" in chart.locator(".gtitle").text_content()
-        finally:
-            browser.close()
+    with running_dashboard([str(root)], log=tmp_path / "dashboard.log", env=env) as url, fleet_page(url) as page:
+        page.get_by_text("No run opened by itself").wait_for(timeout=WAIT_MS)
+        settled(page)
+        assert page.locator(".st-key-run_chart").count() == 0
+        rows = fleet_rows(page)
+        assert len(rows) >= 10
+        click_run_name(page, 0)
+        chart = run_chart(page, rows[0]["run"])
+        per_panel = points_per_panel(page)
+        assert per_panel and max(per_panel.values()) <= 500, per_panel
+        assert "min/max" in chart.locator(".gtitle").text_content()
 
 
 @pytest.mark.slow
@@ -159,26 +141,17 @@ def test_the_100_run_4000_step_fleet_opens_and_every_run_opens_within_the_panel_
     """Issue 15's fleet at full size (100 runs x 4,000 steps, as bench_dashboard.py --budget writes it),
     with the default budgets: the fleet table lists every run and a clicked run draws each panel
     within the cap. How long it takes is a benchmark figure (bench_dashboard.py --budget), not asserted."""
-    from playwright.sync_api import sync_playwright
-
     from klwatch.dashboard.charts import PANEL_POINTS
 
     root = tmp_path / "fleet"
     _bench_writer()(root, runs=100, steps=4_000)
     slow_ms = 6 * WAIT_MS  # a cold read of 2M points on a busy 2-core machine
-    with running_dashboard([str(root)], log=tmp_path / "dashboard.log") as url, sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1100})
-            page.goto(url, timeout=slow_ms)
-            page.locator("[data-testid=stDataFrame] table[role=grid]").first.wait_for(state="attached", timeout=slow_ms)
-            settled(page)
-            assert len(fleet_rows(page)) >= 10
-            click_run_name(page, 1)
-            rows = fleet_rows(page)
-            chart = run_chart(page, rows[1]["run"])
-            per_panel = points_per_panel(page)
-            assert per_panel and max(per_panel.values()) <= PANEL_POINTS, per_panel
-            assert chart.count() == 1
-        finally:
-            browser.close()
+    with running_dashboard([str(root)], log=tmp_path / "dashboard.log") as url, fleet_page(url, timeout=slow_ms) as page:
+        settled(page)
+        assert len(fleet_rows(page)) >= 10
+        click_run_name(page, 1)
+        rows = fleet_rows(page)
+        chart = run_chart(page, rows[1]["run"])
+        per_panel = points_per_panel(page)
+        assert per_panel and max(per_panel.values()) <= PANEL_POINTS, per_panel
+        assert chart.count() == 1
