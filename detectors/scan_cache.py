@@ -377,7 +377,7 @@ class ScanCache:
         try:
             meta_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             _write_columns(cols_path, cols)
-            _atomic_write(meta_path, json.dumps(meta, allow_nan=False).encode("utf-8"))
+            atomic_write(meta_path, json.dumps(meta, allow_nan=False).encode("utf-8"))
         except (OSError, ValueError, TypeError):
             return  # a full disk or an odd value costs the cache, never the scan
 
@@ -447,7 +447,7 @@ class ScanCache:
         path = self.directory / kind / key[:2] / f"{key}.pickle"
         try:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            _atomic_write(path, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+            atomic_write(path, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
         except (OSError, pickle.PicklingError, TypeError, AttributeError, RecursionError):
             return
 
@@ -590,7 +590,7 @@ class ReportMemo:
         entry = '{"format": %d, "state": %s, "view": %s}' % (FORMAT, json.dumps(self.state), view)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            _atomic_write(self.path, entry.encode("utf-8", "surrogatepass"))
+            atomic_write(self.path, entry.encode("utf-8", "surrogatepass"))
         except OSError:
             return
 
@@ -804,8 +804,9 @@ def _code_version() -> str:
     return _CODE[0]
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write beside the final name, then rename: a reader never sees half an entry."""
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write beside the final name, then rename: a reader never sees half a file (a cache entry, the
+    resume guard's record), and a crash mid-write leaves the old one."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:

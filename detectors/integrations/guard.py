@@ -23,8 +23,8 @@ from ..declarations import reference_schedules
 from ..metrics import GUARD_REFERENCE_MATCH, GUARD_RESUME_RESET, GUARD_RESUME_SCORE
 from ..model import BoundaryVerdict
 from ..reference_reset import ReferenceResetDetector, StreamingReferenceReset
-from .reference import (ReferenceCheck, ReferenceRecordError, Weights, atomic_write_text, compare, fingerprint,
-                        load_record, write_record)
+from ..scan_cache import atomic_write
+from .reference import ReferenceCheck, ReferenceRecordError, Weights, compare, fingerprint, load_record, write_record
 
 OnReset = Literal["warn", "stop", "raise"]
 ON_RESET: tuple[str, ...] = ("warn", "stop", "raise")
@@ -120,6 +120,8 @@ class ResumeGuard:
         logged before it (the earlier launches'), which the KL judge compares the new ones with;
         ``reference`` the reference's weights (None when the caller cannot see them)."""
         if self.keep_history:
+            if self.write:
+                self.history_file.parent.mkdir(parents=True, exist_ok=True)
             history = self._kept_history(upto=step) if not history else history
         for s, kl in history:
             if s <= step:
@@ -162,7 +164,6 @@ class ResumeGuard:
         if not self.judge_kl or kl is None or not math.isfinite(float(kl)):
             return None
         if self.keep_history and self.write:
-            self.history_file.parent.mkdir(parents=True, exist_ok=True)
             with open(self.history_file, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps({"step": int(step), "kl": float(kl)}) + "\n")
         verdict = self._stream.update(int(step), float(kl))
@@ -193,7 +194,7 @@ class ResumeGuard:
             if point[0] <= upto:
                 points.append(point)
         if self.write:
-            atomic_write_text(path, "".join(json.dumps({"step": s, "kl": v}) + "\n" for s, v in points))
+            atomic_write(path, "".join(json.dumps({"step": s, "kl": v}) + "\n" for s, v in points).encode("utf-8"))
         return points
 
     def _act(self, event: GuardEvent) -> GuardEvent:

@@ -19,13 +19,14 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ..scan_cache import atomic_write
 
 RECORD_FORMAT = 1
 ALGORITHM = "sha256"
@@ -203,20 +204,9 @@ def record_reference(weights: Weights, path: str | Path, *, source: str | None =
 
 
 def write_record(ref: ReferencePrint, path: str | Path) -> None:
-    atomic_write_text(Path(path), json.dumps(ref.as_json(), indent=1))
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a file whole or not at all (a crash mid-write leaves the old one)."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, json.dumps(ref.as_json(), indent=1).encode("utf-8"))
 
 
 def load_record(path: str | Path) -> ReferencePrint:
