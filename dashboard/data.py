@@ -335,7 +335,7 @@ IMPLAUSIBLE_RESUMES = 12
 def implausible(lin: Lineage) -> list[str]:
     """What makes a stitched run unlikely to be one training run: dozens of resumes, or tracker
     pieces whose configs differ (the core's ``configs_agree``, as stitching compares them)."""
-    from klwatch.stitching import configs_agree
+    from klwatch.launch_config import configs_agree
 
     out = []
     if len(lin.boundaries) > IMPLAUSIBLE_RESUMES:

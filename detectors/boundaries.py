@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .launch_config import model_move
 from .model import Boundary, Evidence, Segment, Series
 
 
@@ -248,6 +249,8 @@ def infer_boundaries(
                 evidence.append("duplicate_steps")
             if first_wall is not None and prev_last_wall is not None and first_wall - prev_last_wall > gap_threshold:
                 evidence.append("time_gap")
+            if model_move(pseg.config, seg.config) is not None:
+                evidence.append("model_from_checkpoint")
             rt, prt = cur.series.get("_runtime"), prev.series.get("_runtime")
             if rt is not None and prt is not None and len(rt) and len(prt) and rt.values[0] < prt.values[-1]:
                 evidence.append("runtime_reset")

@@ -26,6 +26,7 @@ Evidence = Literal[
     "runtime_reset",
     "checkpoint",
     "declared",
+    "model_from_checkpoint",
 ]
 Verdict = Literal["reference_reset", "ok", "intentional", "inconclusive"]
 Status = Literal[

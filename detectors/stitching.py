@@ -17,24 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from .declarations import flatten
+from .launch_config import LAUNCH_FOLDER, ConfigDiff, compare_configs, path_values, same_folder
 from .metrics import choose_kl_metric
 from .model import Segment, cadence_of
 
-# Config keys that legitimately change from one launch of a run to the next.
-_PER_LAUNCH = re.compile(
-    r"(resume|checkpoint|ckpt|output|_dir|dir$|path|time|date|_id$|^id$|host|node|slurm|port|wandb|"
-    r"launch|restart|seed|pid|rank|world|device|cuda|run_name|logging|log_dir|save|load|model_name|"
-    r"name_or_path|max_steps|num_train_epochs|total|exp_name|experiment|version|hub_|push_to_hub|"
-    r"num_param)", re.I)  # a model's parameter count changes when an adapter is wrapped or merged on resume
 # Only a suffix that says "launch" is one: a bare number numbers runs (run-0000 ... run-0099, seeds,
 # versions), and stripping it would merge different training runs.
 _LAUNCH_SUFFIX = re.compile(r"([-_.](resume|restart|retry|relaunch|cont|continued|part|launch|try|attempt)"
                             r"[-_.]?\d+|[-_.](resumed?|restarted))$", re.I)
-# A folder per launch beside the last one: a launch counter (attempt2, exp_002, version_3), a date
-# stamp (HF's runs/Dec01_13-05-59_host, 2026-12-01_13-05), or a launch word.
-_LAUNCH_FOLDER = re.compile(r"^([A-Za-z]*[-_.]?)?\d+$|^[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}|"
-                            r"^\d{4}-?\d{2}-?\d{2}([T_ -]?\d{2}[-:]?\d{2})?|"
-                            r"(resume|restart|retry|relaunch|attempt|launch|try)", re.I)
 
 
 OVERLAP_SLACK_SECONDS = 1e-6
@@ -65,25 +55,6 @@ def base_name(name: str) -> str:
         prev = name
         name = _LAUNCH_SUFFIX.sub("", name)
     return name or prev or ""
-
-
-def configs_agree(a: dict, b: dict) -> bool:
-    """True unless the configs differ on keys that do not change between launches of one run.
-
-    Strict: one key is enough to tell two runs apart (``sync_ref_model``, ``beta``, ``logging_steps``
-    among TRL's ~230), while real relaunches differ only in per-launch keys (paths, names, ids, times).
-    """
-    fa, fb = flatten(a), flatten(b)
-    common = [k for k in fa.keys() & fb.keys() if not _PER_LAUNCH.search(k)]
-    return all(_same_value(fa[k], fb[k]) for k in common)
-
-
-def _same_value(a: object, b: object) -> bool:
-    """Equal as logged; a list is compared as a set (PEFT's ``target_modules`` is a set, serialized in
-    a different order by every process)."""
-    if isinstance(a, list) and isinstance(b, list):
-        return sorted(map(str, a)) == sorted(map(str, b))
-    return str(a) == str(b)
 
 
 def _key(seg: Segment, config: StitchConfig) -> str:
@@ -148,38 +119,74 @@ def starts_over(first: int | None, run_first: int | None, every: int) -> bool:
 
 
 def _split_chain(segs: list[Segment], *, explicit: bool, shapes: dict[int, _Shape],
-                 notes: dict[int, list[str]]) -> list[list[Segment]]:
-    """Within one key, start a new training run where a piece starts over, overlaps or disagrees."""
+                 notes: dict[int, list[str]], configs: dict[int, dict]) -> list[list[Segment]]:
+    """Within one key, start a new training run where a piece starts over, overlaps or disagrees;
+    every join and every refusal is noted on the piece, in words."""
     segs = sorted(segs, key=lambda x: _order_key(x, shapes[id(x)]))
     chains: list[list[Segment]] = []
     for seg in segs:
-        sh = shapes[id(seg)]
-        placed = False
+        refused: list[str] = []
         for chain in chains:
             if explicit:
                 chain.append(seg)
-                placed = True
                 break
-            last = chain[-1]
-            run_first = min((shapes[id(x)].first for x in chain if shapes[id(x)].first is not None), default=None)
-            l_start, l_end = _span(last)
-            s_start, _ = _span(seg)
-            # a W&B/MLflow run resumed in place keeps its id; event files share their folder's id
-            new_run = seg.run_id != last.run_id or seg.kind == "tensorboard"
-            overlaps = new_run and l_end is not None and s_start is not None and s_start < l_end - OVERLAP_SLACK_SECONDS
-            # the run's own logging interval: a fresh run logs on its grid from its first step
-            over = new_run and starts_over(sh.first, run_first, shapes[id(chain[0])].every)
-            if overlaps or over or not configs_agree(last.config, seg.config):
+            why, diff = _refusal(seg, chain, shapes=shapes, configs=configs)
+            if why is not None:
+                refused.append(f"{seg.ref} was not joined to {chain[-1].ref} (same {_what(seg)}): {why}")
                 continue
+            sh, last = shapes[id(seg)], chain[-1]
+            steps = f", its steps continue from {shapes[id(last)].last} to {sh.first}" if sh.first is not None else ""
             notes.setdefault(id(seg), []).append(
-                f"{seg.ref} joined {last.ref}: same {_what(seg)}, its steps continue from {shapes[id(last)].last} "
-                f"to {sh.first}" if sh.first is not None else f"{seg.ref} joined {last.ref}: same {_what(seg)}")
+                f"{seg.ref} joined {last.ref}: same {_what(seg)}{steps}{_diff_words(diff)}")
             chain.append(seg)
-            placed = True
             break
-        if not placed:
+        else:
             chains.append([seg])
+            notes.setdefault(id(seg), []).extend(refused)
     return chains
+
+
+def _refusal(seg: Segment, chain: list[Segment], *, shapes: dict[int, _Shape],
+             configs: dict[int, dict]) -> tuple[str | None, ConfigDiff]:
+    """Why ``seg`` cannot continue ``chain`` (None when it can), and how their configs differ."""
+    last, sh = chain[-1], shapes[id(seg)]
+    diff = compare_configs(configs.get(id(last), last.config), configs.get(id(seg), seg.config))
+    # a W&B/MLflow run resumed in place keeps its id; event files share their folder's id
+    new_run = seg.run_id != last.run_id or seg.kind == "tensorboard"
+    _, l_end = _span(last)
+    s_start, _ = _span(seg)
+    if new_run and l_end is not None and s_start is not None and s_start < l_end - OVERLAP_SLACK_SECONDS:
+        return "the two ran at the same time (two processes, not one resumed)", diff
+    run_first = min((shapes[id(x)].first for x in chain if shapes[id(x)].first is not None), default=None)
+    # the run's own logging interval: a fresh run logs on its grid from its first step
+    if new_run and starts_over(sh.first, run_first, shapes[id(chain[0])].every):
+        return (f"it starts over at step {sh.first}, where the run started ({run_first}): a new run from scratch, "
+                "no checkpoint lies behind that step"), diff
+    if not diff.agree:
+        return diff.describe_split(), diff
+    return _unfit_move(diff, sh.first, shapes[id(chain[0])].every), diff
+
+
+def _unfit_move(diff: ConfigDiff, first: int | None, every: int) -> str | None:
+    """Why a model moved into a checkpoint folder no config of the earlier launch names does not tie
+    the two launches together: the later one does not resume right after that checkpoint's step."""
+    for move in diff.model_moves:
+        if not move.fits(first, every):
+            return (f"its {move.key} moved to a checkpoint of step {move.checkpoint_step} ({move.after!r}) that "
+                    f"neither the earlier launch's config names nor its first step {first} follows")
+    return None
+
+
+def _diff_words(diff: ConfigDiff) -> str:
+    """What the configs of a join differ in, for its note: the per-launch keys, a model moved into
+    the earlier launch's checkpoints."""
+    words = ""
+    if diff.per_launch:
+        keys = ", ".join(diff.per_launch[:4]) + (f" and {len(diff.per_launch) - 4} more" if len(diff.per_launch) > 4 else "")
+        words += f"; configs agree but for keys that change at every launch ({keys})"
+    for move in diff.model_moves:
+        words += f"; {move.describe()}"
+    return words
 
 
 def _what(seg: Segment) -> str:
@@ -205,46 +212,99 @@ def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig(), me
     """
     notes = {} if notes is None else notes
     shapes = {id(seg): _shape(seg, _prefer(seg, metrics)) for seg in segments if not seg.error}
-    out: list[tuple[str, str, list[Segment]]] = []
-    by_store: dict[tuple[str, str], dict[str, list[Segment]]] = {}
-    checkpoints: list[Segment] = []
-    unreadable: list[Segment] = []
-    for seg in segments:
-        if seg.error:
-            unreadable.append(seg)
-            continue
-        if seg.kind == "checkpoints":
-            checkpoints.append(seg)
-            continue
-        store = _store_key(seg)  # event files of one source are one store: their folders are the keys
-        by_store.setdefault(store, {}).setdefault(_key(seg, config), []).append(seg)
-
+    data, checkpoints, unreadable, sidecars = _sort_segments(segments)
+    configs = _effective_configs(data, sidecars)
     lineages: list[tuple[str, str, list[Segment]]] = []
-    for (source, store), groups in by_store.items():
+    for (source, store), groups in _by_store(data, config).items():
         for key, segs in groups.items():
-            chains = _split_chain(segs, explicit=key.startswith(("map:", "by:")), shapes=shapes, notes=notes)
+            chains = _split_chain(segs, explicit=key.startswith(("map:", "by:")), shapes=shapes, notes=notes,
+                                  configs=configs)
             base = f"{chains[0][0].kind}:{_store_label(source, store)}:{key.split(':', 1)[1]}"
             lineages.extend(_named_chains(base, key, chains, shapes=shapes))
     if not config.lineage_map and not config.group_by:
-        lineages = _join_continuations(lineages, shapes=shapes, notes=notes)
-
-    for seg in unreadable:
-        owner = _error_owner(seg, lineages, config=config)
-        if owner is None:
-            out.append((f"{seg.kind}:{seg.ref}", seg.name or seg.ref, [seg]))
-            continue
-        owner[2].append(seg)
-        notes.setdefault(id(seg), []).append(
-            f"{seg.ref} could not be read; it is counted in this run as its {_what(seg)} "
-            f"({seg.group or seg.run_id}) is this run's")
-
+        lineages = _join_continuations(lineages, shapes=shapes, notes=notes, configs=configs)
+    out = _attach_sidecars(sidecars, lineages, notes=notes)
+    out += _attach_unreadable(unreadable, lineages, config=config, notes=notes)
     for ck in checkpoints:
-        targets = _checkpoint_owners(ck, lineages)
+        targets = _checkpoint_owners(ck, lineages, configs=configs, notes=notes)
         for target in targets:
             target[2].append(ck)
         if not targets:
             lineages.append((f"checkpoints:{ck.ref}", ck.name or ck.ref, [ck]))
     return out + lineages
+
+
+def _sort_segments(segments: list[Segment]) -> tuple[list[Segment], list[Segment], list[Segment], list[Segment]]:
+    """(tracker pieces, checkpoint folders, unreadable pieces, hparams sidecars)."""
+    data, checkpoints, unreadable = [], [], []
+    for seg in segments:
+        (unreadable if seg.error else checkpoints if seg.kind == "checkpoints" else data).append(seg)
+    logged = {_folder(s) for s in data if s.kind == "tensorboard" and _has_points(s)}
+    sidecars = [s for s in data if _is_sidecar(s, logged)]
+    return [s for s in data if all(s is not c for c in sidecars)], checkpoints, unreadable, sidecars
+
+
+def _has_points(seg: Segment) -> bool:
+    return any(len(s) for s in seg.series.values())
+
+
+def _is_sidecar(seg: Segment, logged: set[str]) -> bool:
+    """An event file holding only the hyperparameters, in a folder inside a logged run's folder: what
+    PyTorch's ``SummaryWriter.add_hparams`` writes (``<log_dir>/<time.time()>/``; NeMo-RL's
+    TensorBoard logger logs its whole config that way at every launch)."""
+    return (seg.kind == "tensorboard" and bool(seg.config) and not _has_points(seg)
+            and str(PurePosixPath(_folder(seg)).parent) in logged)
+
+
+def _effective_configs(data: list[Segment], sidecars: list[Segment]) -> dict[int, dict]:
+    """Each piece's config: the hyperparameters written beside it (a sidecar in its folder; the newest
+    wins), and its own over them."""
+    beside: dict[str, dict] = {}
+    for car in sorted(sidecars, key=lambda c: c.start_time or 0.0):
+        beside.setdefault(str(PurePosixPath(_folder(car)).parent), {}).update(car.config)
+    return {id(s): {**beside.get(_folder(s), {}), **s.config} for s in data}
+
+
+def _by_store(data: list[Segment], config: StitchConfig) -> dict[tuple[str, str], dict[str, list[Segment]]]:
+    """Pieces by store, then by key: event files of one source are one store, their folders the keys."""
+    by_store: dict[tuple[str, str], dict[str, list[Segment]]] = {}
+    for seg in data:
+        by_store.setdefault(_store_key(seg), {}).setdefault(_key(seg, config), []).append(seg)
+    return by_store
+
+
+def _attach_sidecars(sidecars: list[Segment], lineages: list[tuple[str, str, list[Segment]]], *,
+                     notes: dict[int, list[str]]) -> list[tuple[str, str, list[Segment]]]:
+    """A hyperparameters sidecar is a member of the run its parent folder's event files belong to."""
+    alone: list[tuple[str, str, list[Segment]]] = []
+    for car in sidecars:
+        parent = str(PurePosixPath(_folder(car)).parent)
+        owners = [lin for lin in lineages if any(m.kind == "tensorboard" and m.source == car.source
+                                                 and _folder(m) == parent for m in lin[2])]
+        if len(owners) == 1:
+            owners[0][2].append(car)
+            notes.setdefault(id(car), []).append(
+                f"{car.ref} holds the hyperparameters written beside {parent}'s event files (add_hparams): "
+                "it is this run's config, not a run of its own")
+        else:
+            alone.append((f"{car.kind}:{car.ref}", car.name or car.ref, [car]))
+    return alone
+
+
+def _attach_unreadable(unreadable: list[Segment], lineages: list[tuple[str, str, list[Segment]]], *,
+                       config: StitchConfig, notes: dict[int, list[str]]) -> list[tuple[str, str, list[Segment]]]:
+    """Each unreadable piece joins the run its identity names, or stays alone with its error."""
+    alone: list[tuple[str, str, list[Segment]]] = []
+    for seg in unreadable:
+        owner = _error_owner(seg, lineages, config=config)
+        if owner is None:
+            alone.append((f"{seg.kind}:{seg.ref}", seg.name or seg.ref, [seg]))
+            continue
+        owner[2].append(seg)
+        notes.setdefault(id(seg), []).append(
+            f"{seg.ref} could not be read; it is counted in this run as its {_what(seg)} "
+            f"({seg.group or seg.run_id}) is this run's")
+    return alone
 
 
 def _error_owner(seg: Segment, lineages: list[tuple[str, str, list[Segment]]], *,
@@ -382,20 +442,26 @@ def _launch_siblings(a: str, b: str) -> bool:
     if len(pa) != len(pb):
         return False
     diff = [(x, y) for x, y in zip(pa, pb) if x != y]
-    return len(diff) == 1 and all(_LAUNCH_FOLDER.search(part) for part in diff[0])
+    return len(diff) == 1 and all(LAUNCH_FOLDER.search(part) for part in diff[0])
 
 
-def _closest(candidates: list[int], *, head: Segment, chains: dict[int, list[Segment]]) -> int | None:
+def _closest(candidates: list[int], *, head: Segment, chains: dict[int, list[Segment]],
+             diffs: dict[int, ConfigDiff]) -> int | None:
     """The one candidate a piece continues: several runs may stop where it starts (a fleet of runs
     crashed at the same checkpoint), so kinship decides: the same folder, then a launch folder beside
-    it, then the same store. A tie at the best rank leaves the piece alone."""
-    def rank(j: int) -> int:
+    it, then the same store; among those, the one run whose config differs from the piece's in nothing
+    but its launch folders (NeMo-RL puts every run's launches side by side in ``logs/exp_NNN``: the
+    checkpoint folder and the run's name then tell whose launch it is). A tie at the best rank leaves
+    the piece alone."""
+    def rank(j: int) -> tuple[int, int]:
         parent = chains[j][-1]
         if _folder(parent) == _folder(head):
-            return 3
-        if _launch_siblings(_folder(parent), _folder(head)):
-            return 2
-        return 1 if _store_key(parent) == _store_key(head) else 0
+            near = 3
+        elif _launch_siblings(_folder(parent), _folder(head)):
+            near = 2
+        else:
+            near = 1 if _store_key(parent) == _store_key(head) else 0
+        return near, int(diffs[j].named_per_launch == 0)
 
     if not candidates:
         return None
@@ -417,7 +483,7 @@ def sibling_stores(a: Segment, b: Segment) -> bool:
 
 
 def _join_continuations(lineages: list[tuple[str, str, list[Segment]]], *, shapes: dict[int, _Shape],
-                        notes: dict[int, list[str]]) -> list[tuple[str, str, list[Segment]]]:
+                        notes: dict[int, list[str]], configs: dict[int, dict]) -> list[tuple[str, str, list[Segment]]]:
     """Join a run that starts mid-way to the one it continues, whatever their names.
 
     A relaunch can get a fresh random name (``happy-sky-12``), no group, and a folder of its own
@@ -425,7 +491,7 @@ def _join_continuations(lineages: list[tuple[str, str, list[Segment]]], *, shape
     folder, after another run ended there, with a config that agrees, and that run reached the step
     it resumes from (within one logging interval), it is that run's continuation. A piece that starts
     where a run started is a new run from scratch, never a continuation. Only a unique candidate is
-    joined.
+    joined; a run whose steps fit but whose config differs is left apart, and the note says why.
 
     Chains are taken in start order, so a continuation of a continuation finds its parent already
     joined: one pass, with each chain's extent computed once.
@@ -439,25 +505,26 @@ def _join_continuations(lineages: list[tuple[str, str, list[Segment]]], *, shape
         if sp.first is None or sp.start is None:
             continue
         head = chains[i][0]
-
-        def continues(j: int) -> bool:
-            sj = spans[j]
-            if None in (sj.first, sj.last, sj.end) or sj.end > sp.start:  # type: ignore[operator]
-                return False
-            return (not starts_over(sp.first, sj.first, sj.every)
-                    and sj.first < sp.first <= sj.last + max(sj.every, sp.every))  # type: ignore[operator]
-
-        candidates = [j for j in chains if j != i and j not in joined_into
-                      and chains[j][0].kind == head.kind and sibling_stores(chains[j][0], head)
-                      and continues(j) and configs_agree(chains[j][-1].config, head.config)]
-        j = _closest(candidates, head=head, chains=chains)
+        fits = [j for j in chains if j != i and j not in joined_into and chains[j][0].kind == head.kind
+                and sibling_stores(chains[j][0], head) and _continues(spans[j], sp)]
+        diffs = {j: compare_configs(configs.get(id(chains[j][-1]), chains[j][-1].config),
+                                    configs.get(id(head), head.config)) for j in fits}
+        why = {j: diffs[j].describe_split() if not diffs[j].agree else
+               _unfit_move(diffs[j], sp.first, max(spans[j].every, sp.every)) for j in fits}
+        for j in fits:
+            said = f"{head.ref} was not joined to {chains[j][-1].ref}"
+            if why[j] is not None and not any(n.startswith(said) for n in notes.get(id(head), [])):
+                notes.setdefault(id(head), []).append(
+                    f"{said} although its steps continue that run's (from {spans[j].last} to {sp.first}): {why[j]}")
+        candidates = [j for j in fits if why[j] is None]
+        j = _closest(candidates, head=head, chains=chains, diffs=diffs)
         if j is not None:
             parent = chains[j][-1]
             where = ("in a launch folder beside it" if _launch_siblings(_folder(parent), _folder(head))
                      else "in the same store")
             notes.setdefault(id(head), []).append(
                 f"{head.ref} joined {parent.ref}: its steps continue the run's (from {spans[j].last} to {sp.first}) "
-                f"{where}, configs agree")
+                f"{where}{_diff_words(diffs[j]) or ', configs agree'}")
             chains[j].extend(chains[i])
             spans[j].absorb(sp)
             joined_into[i] = j
@@ -465,6 +532,15 @@ def _join_continuations(lineages: list[tuple[str, str, list[Segment]]], *, shape
             notes.setdefault(id(head), []).append(
                 f"{head.ref} continues the steps of {len(candidates)} runs: left apart (join it with --lineage)")
     return [(lid, name, chains[i]) for i, (lid, name, _) in enumerate(lineages) if i not in joined_into]
+
+
+def _continues(sj: "_ChainSpan", sp: "_ChainSpan") -> bool:
+    """A chain ``sp`` that starts after ``sj`` ended, from a step ``sj`` reached (within one logging
+    interval), and not where ``sj`` started."""
+    if None in (sj.first, sj.last, sj.end) or sj.end > sp.start:  # type: ignore[operator]
+        return False
+    return (not starts_over(sp.first, sj.first, max(sj.every, sp.every))
+            and sj.first < sp.first <= sj.last + max(sj.every, sp.every))  # type: ignore[operator]
 
 
 def _common_depth(a: str, b: str) -> int:
@@ -477,27 +553,59 @@ def _common_depth(a: str, b: str) -> int:
     return n
 
 
-def _checkpoint_owners(ck: Segment, lineages: list[tuple[str, str, list[Segment]]]) -> list[tuple[str, str, list[Segment]]]:
-    """The training runs a checkpoint folder belongs to: the run logged nearest to it in the folder
-    tree (``run/checkpoints/step_N`` beside ``run/events...``); else the runs of its name, one per
-    tracker kind (one training logged to W&B, MLflow and TensorBoard at once has one set of
-    checkpoints); else the only run of its source. Ambiguity leaves it alone rather than lending
-    evidence to the wrong run."""
+def _checkpoint_owners(ck: Segment, lineages: list[tuple[str, str, list[Segment]]], *, configs: dict[int, dict],
+                       notes: dict[int, list[str]]) -> list[tuple[str, str, list[Segment]]]:
+    """The training runs a checkpoint folder belongs to: the runs whose config names it as their
+    checkpoint or output folder (NeMo-RL ``checkpointing.checkpoint_dir``, HF ``output_dir``, verl
+    ``trainer.default_local_dir``), one per tracker kind, so ``logs/`` and ``results/`` side by side
+    pair up; else the run logged nearest to it in the folder tree (``run/checkpoints/step_N`` beside
+    ``run/events...``); else the runs of its name, one per tracker kind (one training logged to W&B,
+    MLflow and TensorBoard at once has one set of checkpoints); else the only run of its source.
+    Ambiguity leaves it alone rather than lending evidence to the wrong run."""
     same_source = [lin for lin in lineages if lin[2][0].source == ck.source and lin[2][0].kind != "checkpoints"]
-    home = ck.ref  # the folder holding the checkpoint-N / step_N folders
-    depths = [(max(_common_depth(home, str(PurePosixPath(s.ref).parent)) for s in lin[2]), i)
-              for i, lin in enumerate(same_source)]
-    if depths:
-        best = max(d for d, _ in depths)
-        winners = [i for d, i in depths if d == best]
-        if best > 0 and len(winners) == 1:
-            return [same_source[winners[0]]]
-    if ck.name:
-        named = [lin for lin in same_source if base_name(ck.name) in (base_name(lin[1]), lin[1])]
-        kinds = [lin[2][0].kind for lin in named]
-        if named and len(kinds) == len(set(kinds)):
-            return named
-    return [same_source[0]] if len(same_source) == 1 else []
+    for rule, why in ((_named_by_config, "its config names that folder"), (_nearest_in_tree, "it lies nearest to it"),
+                      (_of_its_name, "it has the checkpoints' run name"), (_only_run, "it is the only run there")):
+        owners = rule(ck, same_source, configs)
+        if owners:
+            notes.setdefault(id(ck), []).append(f"the checkpoints in {ck.ref or ck.source} belong to this run: {why}")
+            return owners
+    return []
+
+
+def _one_per_kind(lineages: list[tuple[str, str, list[Segment]]]) -> list[tuple[str, str, list[Segment]]]:
+    kinds = [lin[2][0].kind for lin in lineages]
+    return lineages if lineages and len(kinds) == len(set(kinds)) else []
+
+
+def _named_by_config(ck: Segment, runs: list[tuple[str, str, list[Segment]]],
+                     configs: dict[int, dict]) -> list[tuple[str, str, list[Segment]]]:
+    where = str(Path(ck.source) / ck.ref) if ck.ref not in ("", ".") else ck.source
+    hits = [lin for lin in runs if any(same_folder(p, where) for m in lin[2]
+                                       for p in path_values(flatten(configs.get(id(m), m.config))))]
+    return _one_per_kind(hits)
+
+
+def _nearest_in_tree(ck: Segment, runs: list[tuple[str, str, list[Segment]]],
+                     configs: dict[int, dict]) -> list[tuple[str, str, list[Segment]]]:
+    depths = [(max(_common_depth(ck.ref, str(PurePosixPath(s.ref).parent)) for s in lin[2]), i)
+              for i, lin in enumerate(runs)]
+    if not depths:
+        return []
+    best = max(d for d, _ in depths)
+    winners = [i for d, i in depths if d == best]
+    return [runs[winners[0]]] if best > 0 and len(winners) == 1 else []
+
+
+def _of_its_name(ck: Segment, runs: list[tuple[str, str, list[Segment]]],
+                 configs: dict[int, dict]) -> list[tuple[str, str, list[Segment]]]:
+    if not ck.name:
+        return []
+    return _one_per_kind([lin for lin in runs if base_name(ck.name) in (base_name(lin[1]), lin[1])])
+
+
+def _only_run(ck: Segment, runs: list[tuple[str, str, list[Segment]]],
+              configs: dict[int, dict]) -> list[tuple[str, str, list[Segment]]]:
+    return [runs[0]] if len(runs) == 1 else []
 
 
 def _lineage_name(key: str, chain: list[Segment]) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from klwatch.model import Segment, Series
-from klwatch.stitching import StitchConfig, base_name, configs_agree, stitch
+from klwatch.launch_config import configs_agree
+from klwatch.stitching import StitchConfig, base_name, stitch
 
 
 def seg(run_id, name, first, last, t0, *, group=None, config=None, kind="mlflow", store="db"):
@@ -48,7 +49,8 @@ def test_a_different_config_is_a_different_training_run():
 
 def test_per_launch_config_keys_are_ignored():
     assert configs_agree({"lr": 1, "resume_from_checkpoint": None, "output_dir": "/a", "model_name_or_path": "base"},
-                         {"lr": 1, "resume_from_checkpoint": "/ckpt/40", "output_dir": "/b", "model_name_or_path": "/ckpt/40"})
+                         {"lr": 1, "resume_from_checkpoint": "/a/checkpoint-40", "output_dir": "/b",
+                          "model_name_or_path": "base"})
 
 
 def test_unrelated_stores_are_never_stitched():
@@ -188,3 +190,99 @@ def test_kl_candidates_kept_per_names_are_a_fresh_list_equal_to_ranking_them_aga
         first.append("mutated")
         assert kl_candidates(list(names), patterns=patterns) == _rank_kl_candidates(names, patterns=patterns)
         assert kl_candidates(dict.fromkeys(names), patterns=patterns) == _rank_kl_candidates(names, patterns=patterns)
+
+
+def _nemo(exp: int, name: str, ckpt_dir: str, **extra) -> dict:
+    """The part of NeMo-RL's logged config that matters here: a new logs/exp_NNN per launch."""
+    return {"policy": {"model_name": extra.get("model", "Qwen/Qwen2.5-1.5B")}, "loss_fn": {"beta": 0.01},
+            "checkpointing": {"checkpoint_dir": ckpt_dir},
+            "logger": {"log_dir": f"logs/exp_{exp:03d}", "wandb": {"name": name}}}
+
+
+def wandb_seg(run_id, name, first, last, t0, *, exp, config):
+    s = seg(run_id, name, first, last, t0, kind="wandb-offline", store=f"/abs/logs/exp_{exp:03d}/wandb", config=config)
+    return s
+
+
+def test_launches_that_differ_only_in_a_per_launch_folder_join_and_the_note_names_the_key():
+    segs = [wandb_seg("a1", "grpo", 1, 6, 0, exp=1, config=_nemo(1, "grpo", "results/grpo")),
+            wandb_seg("a2", "grpo", 7, 12, 100, exp=2, config=_nemo(2, "grpo", "results/grpo"))]
+    notes: dict = {}
+    out = stitch(segs, notes=notes)
+    assert [sorted(x.ref for x in m) for _, _, m in out] == [["a1", "a2"]]
+    (note,) = notes[id(segs[1])]
+    assert "joined a1" in note and "logger.log_dir" in note
+
+
+def test_nemo_rl_default_layout_pairs_each_relaunch_with_its_own_run():
+    """NeMo-RL's default log_dir puts every run's launches side by side (logs/exp_001, exp_002, ...)."""
+    segs = [wandb_seg("a1", "run-a", 1, 6, 0, exp=1, config=_nemo(1, "run-a", "results/a")),
+            wandb_seg("b1", "run-b", 1, 6, 10, exp=2, config=_nemo(2, "run-b", "results/b")),
+            wandb_seg("a2", "run-a", 7, 12, 100, exp=3, config=_nemo(3, "run-a", "results/a")),
+            wandb_seg("b2", "run-b", 7, 12, 110, exp=4, config=_nemo(4, "run-b", "results/b"))]
+    assert groups(segs) == [["a1", "a2"], ["b1", "b2"]]
+
+
+def test_two_runs_of_different_base_models_under_one_display_name_stay_apart_and_say_why():
+    segs = [seg("m1", "grpo", 1, 40, 0, config={"model_name_or_path": "Qwen/Qwen2.5-7B", "beta": 0.1}),
+            seg("m2", "grpo", 41, 80, 1000, config={"model_name_or_path": "meta-llama/Llama-3.1-8B", "beta": 0.1})]
+    notes: dict = {}
+    assert groups(segs, notes=notes) == [["m1"], ["m2"]]
+    (why,) = notes[id(segs[1])]
+    assert "was not joined to m1" in why and "model_name_or_path" in why and "Llama-3.1-8B" in why
+
+
+def test_a_model_moved_into_the_earlier_launchs_checkpoint_joins_and_the_boundary_carries_it():
+    from klwatch.pipeline import ScanConfig, build_lineages
+
+    base = {"model_name_or_path": "/models/base", "output_dir": "/work/out/grpo", "beta": 0.1}
+    segs = [seg("t1", "grpo", 1, 6, 0, config=base),
+            seg("t2", "grpo", 7, 12, 100, config={**base, "model_name_or_path": "/work/out/grpo/checkpoint-6"})]
+    (lin,) = build_lineages(segs, config=ScanConfig())
+    (b,) = lin.boundaries
+    assert b.step == 7 and "model_from_checkpoint" in b.evidence
+    assert any("checkpoint-6" in n and "as the model" in n for n in lin.notes)
+
+
+def test_a_launch_that_starts_over_is_refused_in_words():
+    segs = [seg("r1", "grpo", 1, 40, 0), seg("r2", "grpo", 1, 40, 1000)]
+    notes: dict = {}
+    assert groups(segs, notes=notes) == [["r1"], ["r2"]]
+    assert any("starts over at step 1" in n for n in notes[id(segs[1])])
+
+
+def _tb(ref: str, folder: str, *, first=None, last=None, t0=0.0, config=None):
+    s = seg(ref, None, first or 1, last or 1, t0, kind="tensorboard")
+    s.group, s.store, s.config = folder, None, config or {}
+    if first is None:
+        s.series = {}
+        s.start_time = t0
+    return s
+
+
+def test_tensorboard_hparams_sidecar_is_the_runs_config_not_a_run():
+    main1 = _tb("logs/exp_001/tensorboard/ev1", "logs/exp_001/tensorboard", first=1, last=6)
+    car1 = _tb("logs/exp_001/tensorboard/1796.5/ev", "logs/exp_001/tensorboard/1796.5", t0=1, config=_nemo(1, "g", "results/g"))
+    main2 = _tb("logs/exp_002/tensorboard/ev2", "logs/exp_002/tensorboard", first=7, last=12, t0=100)
+    car2 = _tb("logs/exp_002/tensorboard/1797.5/ev", "logs/exp_002/tensorboard/1797.5", t0=101, config=_nemo(2, "g", "results/g"))
+    other = _tb("logs/exp_003/tensorboard/ev3", "logs/exp_003/tensorboard", first=7, last=12, t0=50)
+    car3 = _tb("logs/exp_003/tensorboard/1798.5/ev", "logs/exp_003/tensorboard/1798.5", t0=51,
+               config=_nemo(3, "g", "results/g", model="another/model"))
+    notes: dict = {}
+    out = stitch([main1, car1, main2, car2, other, car3], notes=notes)
+    runs = sorted(sorted(m.ref for m in members) for _, _, members in out)
+    assert runs == [sorted([main1.ref, car1.ref, main2.ref, car2.ref]), sorted([other.ref, car3.ref])]
+    assert any("add_hparams" in n for n in notes[id(car1)])
+    assert any("policy.model_name" in n for n in notes[id(other)])
+
+
+def test_checkpoints_beside_the_logs_join_the_run_whose_config_names_them():
+    a = wandb_seg("a1", "run-a", 1, 6, 0, exp=1, config=_nemo(1, "run-a", "results/a"))
+    b = wandb_seg("b1", "run-b", 1, 6, 10, exp=2, config=_nemo(2, "run-b", "results/b"))
+    ck = Segment(kind="checkpoints", ref="results/b", source="/abs", name="something-else", checkpoint_steps=[3, 6])
+    a.source = b.source = "/abs"
+    notes: dict = {}
+    out = stitch([a, b, ck], notes=notes)
+    (owner,) = [members for _, _, members in out if ck in members]
+    assert b in owner and a not in owner
+    assert "its config names that folder" in notes[id(ck)][0]
