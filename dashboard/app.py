@@ -491,6 +491,17 @@ def _mark_panels_changed(key: str) -> None:
     st.session_state["_panels_changed::" + key] = True
 
 
+def show_stitching(lin: Lineage) -> None:
+    """Why these tracker pieces are one training run, and why others were not joined to it: the
+    report's ``lineages[].stitching``, every sentence escaped (paths, names and config values are the
+    user's)."""
+    with st.expander(f"Stitching: why these pieces are one run ({len(lin.notes)} note(s))"):
+        if not lin.notes:
+            st.caption("One tracker piece: nothing was joined or refused.")
+        for note in lin.notes:
+            st.markdown("- " + say(note))
+
+
 def show_run(key: str, result: LineageResult, *, fleet: data.Fleet, config: ScanConfig) -> None:
     """One run: its shown status, findings and tracker link in the header, a warning when its
     stitching looks wrong, the chart with its options, the comparison with a control run, the
@@ -552,6 +563,7 @@ def show_run(key: str, result: LineageResult, *, fleet: data.Fleet, config: Scan
         st.dataframe(_members(lin), hide_index=True)
         for w in (w for seg in lin.segments for w in seg.warnings):
             st.warning(say(w))
+    show_stitching(lin)
     with st.expander("Run config"):
         if lin.config:
             st.json(scrubbed(lin.config), expanded=1)

@@ -91,6 +91,10 @@ def test_a_link_to_a_run_opens_it_with_its_boundaries(monkeypatch: pytest.Monkey
                         f"{v.window_after[0]}–{v.window_after[1]} (after)." for v in judged.verdicts]
     members = at.dataframe[-1].value
     assert list(members["kind"]) == ["tensorboard"] * 3 and list(members["first_step"]) == [1, 41, 81]
+    # and the page says why those three launches are one run, as the report's stitching does
+    (stitching,) = [e for e in at.expander if e.label.startswith("Stitching:")]
+    said = [m.value for m in stitching.markdown]
+    assert len(said) == len(judged.lineage.notes) == 2 and all("joined" in m for m in said)
 
 
 def test_a_link_to_a_run_that_is_not_there_warns_and_opens_another(monkeypatch: pytest.MonkeyPatch, fleet_dir: Path,
