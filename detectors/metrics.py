@@ -207,3 +207,40 @@ REWARD = MetricFamily(
     leaf=r"(mean_|avg_)?(reward|score)s?(_(mean|avg))?",
     exclude=r"(kl|std|max|min)",
 )
+
+# The implicit rewards of DPO-style trainers, beta·(log π − log π_ref): exactly 0 for every sample when the
+# reference equals the policy, so they show a rebuilt reference where no KL is logged (TRL DPOTrainer/KTO,
+# NeMo-RL DPO, OpenRLHF DPO; shared/FRAMEWORKS.md "Preference trainers").
+CHOSEN_REWARD = MetricFamily(
+    names=("rewards/chosen", "train/rewards/chosen", "rewards_chosen_mean", "train/rewards_chosen_mean",
+           "chosen_reward", "train/chosen_reward"),
+    leaf=r"(rewards?_chosen(_mean)?|chosen_rewards?(_mean)?)",
+)
+REJECTED_REWARD = MetricFamily(
+    names=("rewards/rejected", "train/rewards/rejected", "rewards_rejected_mean", "train/rewards_rejected_mean",
+           "reject_reward", "train/reject_reward"),
+    leaf=r"(rewards?_reject(ed)?(_mean)?|reject(ed)?_rewards?(_mean)?)",
+)
+REWARD_MARGIN = MetricFamily(
+    names=("rewards/margins", "train/rewards/margins", "reward_margin", "train/reward_margin"),
+    leaf=r"(rewards?_margins?(_mean)?|margins?)",
+)
+PREFERENCE_ACCURACY = MetricFamily(
+    names=("rewards/accuracies", "train/rewards/accuracies", "train/accuracy", "accuracy", "train/acc", "acc"),
+    exclude=r"(val|eval|test|token)",
+)
+PREFERENCE_LOSS = MetricFamily(names=("preference_loss", "train/preference_loss"), leaf=r"preference_loss")
+
+PREFERENCE_FAMILIES: dict[str, MetricFamily] = {
+    "chosen": CHOSEN_REWARD, "rejected": REJECTED_REWARD, "margin": REWARD_MARGIN,
+    "accuracy": PREFERENCE_ACCURACY, "loss": PREFERENCE_LOSS}
+
+
+def preference_metrics(names: Sequence[str]) -> dict[str, str]:
+    """A preference trainer's implicit-reward series by quantity (``chosen``, ``rejected``, ``margin``,
+    ``accuracy``, ``loss``); empty unless both chosen and rejected rewards, or their margin, are logged
+    (an ``accuracy`` alone is any classifier's)."""
+    found = {q: m for q, fam in PREFERENCE_FAMILIES.items() if (m := find_metric(names, family=fam))}
+    if not (("chosen" in found and "rejected" in found) or "margin" in found):
+        return {}
+    return found

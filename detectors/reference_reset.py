@@ -45,6 +45,7 @@ import numpy as np
 
 from .declarations import ReferenceSchedule, explain_boundary, reference_schedules, schedule_note
 from .detector import Detector
+from .metrics import preference_metrics
 from .model import (Boundary, BoundaryVerdict, Finding, Lineage, LineageResult, Series, Verdict, cadence_of,
                     logging_interval)
 from .stats import diff_noise, floored_log, t_logpdf
@@ -680,6 +681,11 @@ class ReferenceResetDetector(Detector[ReferenceResetConfig]):
         msg = (f"No reference-KL metric among the {len(names)} logged ({shown or 'none'}); "
                "name it with --metric." if not self.metrics else
                f"No logged metric matches --metric {' '.join(self.metrics)} (logged: {shown or 'none'}).")
+        preference = preference_metrics(names)
+        if preference and not self.metrics:
+            msg = (f"No reference-KL metric: a preference trainer, whose reference shows in its implicit rewards "
+                   f"({', '.join(f'{q} {n}' for q, n in preference.items())}), which are 0 when the reference "
+                   "equals the policy; klwatch does not judge a resume from them yet.")
         result = LineageResult(lineage, None, "no_kl_metric", findings=[Finding("kl_metric", None, "warning", msg)])
         _unjudged(result, lineage.boundaries, "No KL logged on both sides of this boundary.")
         return result

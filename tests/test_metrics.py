@@ -42,3 +42,24 @@ def test_series_move_onto_the_framework_global_step():
     assert out.series["kl"].steps.tolist() == [41, 42, 43, 44]
     assert out.series["kl"].wall_times.tolist() == [10.0, 11.0, 12.0, 13.0]
     assert seg.series["kl"].steps.tolist() == [0, 1, 2, 3]  # the reader's segment is untouched
+
+
+def test_preference_trainers_implicit_rewards_are_named_per_framework():
+    from klwatch.metrics import preference_metrics
+
+    trl = ["train/rewards/chosen", "train/rewards/rejected", "train/rewards/margins", "train/rewards/accuracies",
+           "train/loss", "train/logps/chosen"]
+    assert preference_metrics(trl) == {"chosen": "train/rewards/chosen", "rejected": "train/rewards/rejected",
+                                       "margin": "train/rewards/margins", "accuracy": "train/rewards/accuracies"}
+    nemo = ["train/loss", "train/sft_loss", "train/preference_loss", "train/accuracy", "train/rewards_chosen_mean",
+            "train/rewards_rejected_mean", "validation/accuracy"]
+    assert preference_metrics(nemo) == {"chosen": "train/rewards_chosen_mean", "rejected": "train/rewards_rejected_mean",
+                                        "accuracy": "train/accuracy", "loss": "train/preference_loss"}
+    openrlhf = ["train/loss", "train/acc", "train/chosen_reward", "train/reject_reward"]
+    assert preference_metrics(openrlhf)["rejected"] == "train/reject_reward"
+
+
+def test_an_accuracy_alone_is_not_a_preference_trainer():
+    from klwatch.metrics import preference_metrics
+
+    assert preference_metrics(["train/accuracy", "train/loss", "train/reward"]) == {}

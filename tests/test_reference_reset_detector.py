@@ -166,3 +166,19 @@ def test_the_reset_threshold_still_governs_undeclared_boundaries():
     default = ReferenceResetDetector().judge(_lineage(_buggy())).verdicts[0]
     assert default.verdict == "reference_reset"
     assert v.verdict == ("reference_reset" if v.score >= 1.0 else "inconclusive")
+
+
+def test_a_preference_trainer_without_kl_is_told_apart_and_its_implicit_rewards_named():
+    from klwatch.model import Segment, Series
+    from klwatch.pipeline import ScanConfig, build_lineages, judge_lineage
+
+    steps = np.arange(1, 13)
+    series = {name: Series(steps, np.linspace(0.0, 1.0, 12), steps * 1.0)
+              for name in ("train/rewards_chosen_mean", "train/rewards_rejected_mean", "train/preference_loss",
+                           "train/accuracy", "train/loss")}
+    (lin,) = build_lineages([Segment(kind="mlflow", ref="r", source="s", run_id="r", name="dpo", series=series)],
+                            config=ScanConfig())
+    result = judge_lineage(lin, config=ScanConfig())
+    assert result.status == "no_kl_metric"
+    (msg,) = [f.message for f in result.findings if f.detector == "kl_metric"]
+    assert "preference trainer" in msg and "chosen train/rewards_chosen_mean" in msg and "loss train/preference_loss" in msg
