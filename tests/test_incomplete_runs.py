@@ -25,6 +25,7 @@ from klwatch.pipeline import scan
 from klwatch.report import EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, exit_code, render_markdown, render_table, to_dict
 from spec_shape import check_report
 from tb_runs import write_run
+from wandb_framing import in_payload
 from wandb_offline import offline_env
 
 
@@ -207,12 +208,15 @@ def test_an_unreadable_wandb_run_folder_joins_the_run_of_its_run_id(wandb_resume
     log = next(second.glob("*.wandb"))
     data = log.read_bytes()
     assert len(data) < 32 * 1024  # one block: a flipped byte leaves no block to resume from, so it is an error
-    log.write_bytes(data[:len(data) // 2] + bytes([data[len(data) // 2] ^ 0x40]) + data[len(data) // 2 + 1:])
+    # a byte of a record's payload near the middle, which its CRC covers (the middle byte itself may be a
+    # chunk header's length, declaring a chunk that runs past the end of the file: a log cut short, not damage)
+    at = in_payload(data, len(data) // 2)
+    log.write_bytes(data[:at] + bytes([data[at] ^ 0x40]) + data[at + 1:])
     result = scan([str(tmp_path)])
     r = only(result)
     assert r.lineage.name == "grpo-7b"
     (err,) = [s for s in r.lineage.segments if s.error]
-    assert err.run_id == "grpoa1" and err.ref == f"wandb/{second.name}"
+    assert err.run_id == "grpoa1" and err.ref == f"wandb/{second.name}" and "CRC mismatch" in err.error
     (why,) = r.incomplete
     assert why.startswith(f"unreadable: wandb/{second.name}") and exit_code(result) == EXIT_UNREADABLE
 

@@ -23,7 +23,7 @@ import pytest
 from klwatch.sources import read_source
 from klwatch.sources.local import ReadError, read_local
 from klwatch.sources.wandb_log import BLOCK, read_wandb_run_dir
-from wandb_framing import frame_wandb_log
+from wandb_framing import frame_wandb_log, in_payload
 from wandb_offline import offline_env
 
 CONFIG = {"lr": 1e-6, "kl_coef": 0.05, "model": {"name": "qwen", "size": 7}}
@@ -217,7 +217,7 @@ def test_truncated_file_keeps_whole_records_and_warns(runs: dict[str, Path], tmp
     end = len(data.rstrip(b"\x00"))
     # and one inside a record's payload near the middle (a cut that lands on a record boundary leaves a
     # shorter whole file, with nothing to warn about)
-    mid = _in_payload(data, len(data) // 2)
+    mid = in_payload(data, len(data) // 2)
     cuts = [end - 3, mid, BLOCK + 5, 5000] + rng.integers(7, len(data), 12).tolist()
     for cut in cuts:
         folder = tmp_path / f"cut{cut}" / runs["first"].name
@@ -239,19 +239,6 @@ def _flip(data: bytes, at: int) -> bytes:
     return data[:at] + bytes([data[at] ^ 0x40]) + data[at + 1:]
 
 
-def _in_payload(data: bytes, near: int) -> int:
-    """A byte inside the payload of the first chunk that ends after ``near`` (not in a header)."""
-    pos = 7
-    while True:
-        if BLOCK - pos % BLOCK < 7:
-            pos += BLOCK - pos % BLOCK
-            continue
-        length = struct.unpack_from("<H", data, pos + 4)[0]
-        if pos + 7 + length > near and length:
-            return max(pos + 7, min(near, pos + 7 + length - 1))
-        pos += 7 + length
-
-
 def test_flipped_byte_is_an_error_naming_the_crc(runs: dict[str, Path], tmp_path: Path) -> None:
     """A single-block file has no later block to resynchronise on: the file is unreadable."""
     src = runs["nested"]
@@ -261,12 +248,38 @@ def test_flipped_byte_is_an_error_naming_the_crc(runs: dict[str, Path], tmp_path
     root = tmp_path / "tree"
     folder = root / "wandb" / src.name
     folder.mkdir(parents=True)
-    (folder / log.name).write_bytes(_flip(data, _in_payload(data, len(data) // 2)))
+    (folder / log.name).write_bytes(_flip(data, in_payload(data, len(data) // 2)))
     with pytest.raises(ReadError, match="CRC mismatch"):
         read(folder)
     out = read_local(str(root))
     [seg] = out.segments
     assert seg.error is not None and "CRC mismatch" in seg.error and src.name in seg.error
+
+
+def test_a_chunk_length_running_past_the_end_of_the_file_reads_as_a_cut_not_as_damage(tmp_path: Path) -> None:
+    """A header whose length byte is flipped (0x00 -> 0x40: 16 KiB more) declares a chunk that ends inside
+    its block but past the end of the file: exactly what a log cut short by a crash, or still being
+    written, holds (LevelDB's own reader takes it as the end of the file too), so the records before it
+    are read, with a cut-short warning; no CRC can say otherwise, since the payload is not all there."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    def row(step: int) -> bytes:
+        h = pb.HistoryRecord()
+        h.item.add(nested_key=["_step"], value_json=str(step))
+        h.item.add(nested_key=["kl"], value_json=str(0.5 * step))
+        return pb.Record(history=h).SerializeToString()
+
+    data = bytearray(frame_wandb_log([row(s) for s in range(10)]))
+    assert len(data) < BLOCK // 2
+    header = 7 + sum(7 + len(row(s)) for s in range(5))  # the sixth record's chunk header
+    assert struct.unpack_from("<H", data, header + 4)[0] == len(row(5)) < 256
+    data[header + 5] ^= 0x40
+    folder = tmp_path / "run-20260101_000000-cut1"
+    folder.mkdir()
+    (folder / "run-cut1.wandb").write_bytes(bytes(data))
+    seg = read(folder)
+    assert seg.error is None and seg.series["kl"].values.tolist() == [0.5 * s for s in range(5)]
+    assert any(f"cut short at byte {len(data)} inside a record" in w for w in seg.warnings), seg.warnings
 
 
 def test_corrupt_block_is_skipped_to_the_next_block_with_a_warning(runs: dict[str, Path], tmp_path: Path) -> None:
@@ -276,7 +289,7 @@ def test_corrupt_block_is_skipped_to_the_next_block_with_a_warning(runs: dict[st
     assert len(data) > 3 * BLOCK
     folder = tmp_path / runs["first"].name
     folder.mkdir()
-    (folder / log.name).write_bytes(_flip(data, _in_payload(data, BLOCK + 3000)))
+    (folder / log.name).write_bytes(_flip(data, in_payload(data, BLOCK + 3000)))
     seg = read(folder)
     assert any("CRC mismatch" in w and "next 32 KiB block" in w for w in seg.warnings), seg.warnings
     got, whole = seg.series["train/kl_penalty"], full.series["train/kl_penalty"]
@@ -285,7 +298,7 @@ def test_corrupt_block_is_skipped_to_the_next_block_with_a_warning(runs: dict[st
     assert set(zip(got.steps.tolist(), got.values.tolist())) <= pairs
     assert got.steps[-1] == whole.steps[-1] and got.steps[0] == whole.steps[0]
     # corruption in the last block leaves nothing to resynchronise on
-    at = _in_payload(data, len(data) - 40)
+    at = in_payload(data, len(data) - 40)
     assert at // BLOCK == (len(data) - 1) // BLOCK
     (folder / log.name).write_bytes(_flip(data, at))
     with pytest.raises(ReadError, match="CRC mismatch"):
