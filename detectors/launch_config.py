@@ -31,7 +31,11 @@ PER_LAUNCH_KEY = re.compile(
 # launch word.
 LAUNCH_FOLDER = re.compile(r"^([A-Za-z]*[-_.]?)?\d+$|^[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}|"
                            r"^\d{4}-?\d{2}-?\d{2}([T_ -]?\d{2}[-:]?\d{2})?|^\d{9,11}(\.\d+)?$|"
-                           r"(resume|restart|retry|relaunch|attempt|launch|try)", re.I)
+                           r"^([A-Za-z0-9]+[-_.])?(resumed?|restart(ed)?|retry|relaunch(ed)?|attempt|launch|try)"
+                           r"([-_.]?\d+)?$", re.I)
+"""A launch word names a launch folder only as the folder's whole name or its last word (``attempt2``,
+``run-resume-3``): run names that merely contain one (``grpo-resume-buggy``, ``grpo-resume-correct``) are
+two runs, not two launches."""
 
 # The keys that name the weights a launch starts from (TRL/HF ``model_name_or_path`` and the model
 # config's ``_name_or_path``, NeMo-RL ``policy.model_name`` and ``policy.tokenizer.name``, verl

@@ -84,3 +84,8 @@ def test_one_folder_named_from_two_working_directories():
     assert same_folder("results/grpo", "/work/x/results/grpo")
     assert same_folder("/a/clone1/sample_runs/results/grpo", "/b/clone2/sample_runs/results/grpo")
     assert not same_folder("results/grpo", "results/dpo") and not same_folder("/a/models", "/b/models")
+
+
+def test_a_launch_word_inside_a_run_name_is_not_a_launch_folder():
+    assert launch_valued("logs/attempt1/tb", "logs/attempt2/tb") and launch_valued("x/run-resume-2", "x/run-resume-3")
+    assert not launch_valued("logs/grpo-resume-correct/exp_002", "logs/grpo-resume-buggy/exp_002")
