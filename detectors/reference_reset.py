@@ -199,14 +199,29 @@ def _curves(level: float, start: Series | None, cadence: int, config: ReferenceR
     curves: list[Curve] = []
     if start is not None and len(start) >= 3:
         s_off, s_val, first = _opening_curve(start)
+        origin = _zero_update_step(start, cadence)
         for base in (s_val, np.clip(s_val - first, 0.0, None)):
             for speed in config.opening_speeds:
-                curves.append(lambda k, b=base, sp=speed: np.interp(k * sp, s_off, b))
+                if origin is None:
+                    curves.append(lambda k, b=base, sp=speed: np.interp(k * sp, s_off, b))
+                else:  # the first step after the reset is the opening's first: no speed moves it
+                    curves.append(lambda k, b=base, sp=speed, o=origin:
+                                  np.interp(o + np.maximum(k - 1.0, 0.0) * sp, s_off, b))
     ramps = sorted(set(config.ramp_steps) | {c * cadence for c in config.ramp_cadences})
     for ramp in ramps:
         curves.append(lambda k, R=ramp: level * np.clip((k - 1.0) / R, 0.0, 1.0))
         curves.append(lambda k, R=ramp: level * np.clip(k / R, 0.0, 1.0))
     return curves
+
+
+def _zero_update_step(start: Series, cadence: int) -> float | None:
+    """The opening's first step when it is logged every step from the run's first: the frameworks compute
+    the logged KL inside the step's loss (TRL ``compute_loss``, NeMo-RL's loss function, verl's
+    ``update_policy``), so the first step of a run, and the first after a reset, is measured with the
+    policy still equal to the reference, whatever speed the KL regrows at afterwards. None when the
+    opening is logged sparsely (its first point already averages L steps)."""
+    first = float(start.steps[0])
+    return first if cadence <= 1 and first <= 1.0 else None
 
 
 def _observed(curve: Curve, steps: np.ndarray, reset_step: int, cadence: int) -> list[np.ndarray]:

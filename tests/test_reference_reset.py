@@ -184,3 +184,24 @@ def test_student_t_density_matches_scipy():
 
     x = np.linspace(-20, 20, 41)
     assert np.allclose(t_logpdf(x, 3.0, 1.5, 0.7), stats.t.logpdf(x, 3.0, loc=1.5, scale=0.7))
+
+
+def _kl(steps: range, values: list[float]) -> Series:
+    return Series(np.array(list(steps)), np.array(values, dtype=float), np.arange(len(values), dtype=float))
+
+
+def test_an_early_resume_whose_first_kl_is_far_above_the_runs_first_is_a_continuation():
+    """Logged every step from the first, the KL of a step is measured in that step's loss: the first step of a
+    run, and the first after a reset, see the policy equal to the reference, whatever speed the KL regrows at.
+    A first point after an early resume far above the run's own first one is no reset (NeMo-RL corpus shape)."""
+    before = _kl(range(1, 4), [0.0, 0.058, 0.039])
+    after = _kl(range(4, 10), [0.169, 0.204, 0.131, 0.221, 0.17, 0.139])
+    v = judge_boundary(Boundary(4, 3, ["new_tracker_run"], 1), before, after, start=before, scale=0.19)
+    assert v.verdict == "ok", v.explanation
+
+
+def test_an_early_reset_that_retraces_the_opening_is_never_called_a_continuation():
+    before = _kl(range(1, 5), [0.0, 0.058, 0.039, 0.169])
+    after = _kl(range(5, 11), [0.0, 0.06, 0.045, 0.17, 0.2, 0.14])
+    v = judge_boundary(Boundary(5, 4, ["new_tracker_run"], 1), before, after, start=before, scale=0.19)
+    assert v.verdict != "ok", v.explanation
