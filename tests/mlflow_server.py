@@ -8,6 +8,7 @@ needed to serve the tracking API), which also makes startup faster on a 2-core m
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +16,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,3 +124,15 @@ def start_mlflow_server(*, workdir: Path, workers: int = 1, timeout: float = 90.
         server.stop()
         tail = server.log_tail()
     raise RuntimeError(f"mlflow server did not start; log tail:\n{tail}")
+
+
+@contextmanager
+def serving_a_copy(store: Path, *, workdir: Path) -> Iterator[MlflowServer]:
+    """A real ``mlflow server`` on a copy of the SQLite ``store`` (the server may migrate its schema), stopped on
+    leaving: how a committed tracker store is read back through the server's REST API."""
+    shutil.copy(store, workdir / "server.db")
+    server = start_mlflow_server(workdir=workdir)
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -6,7 +6,6 @@ verdicts the generator planted, with every restart stitched into its training ru
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 from klwatch.pipeline import ScanConfig, scan
 from klwatch.report import to_dict
 from klwatch.sources import read_source
-from mlflow_server import MlflowServer, start_mlflow_server
+from mlflow_server import MlflowServer, serving_a_copy
 from spec_shape import check_report
 from wandb_stub import StubRun, WandbStub
 
@@ -45,11 +44,8 @@ def assert_planted_verdicts(report: dict, runs: list[dict], ids: dict[str, str] 
 
 @pytest.fixture(scope="module")
 def sample_mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    workdir = tmp_path_factory.mktemp("sample-mlflow-server")
-    shutil.copy(SAMPLES / "mlflow" / "mlflow.db", workdir / "server.db")  # a copy: the server may migrate it
-    server = start_mlflow_server(workdir=workdir)
-    yield server
-    server.stop()
+    with serving_a_copy(SAMPLES / "mlflow" / "mlflow.db", workdir=tmp_path_factory.mktemp("sample-mlflow-server")) as server:
+        yield server
 
 
 @pytest.mark.server

@@ -86,6 +86,23 @@ def test_every_planted_reset_caught_and_every_boundary_judged_as_planted(committ
     assert not problems, "\n".join(problems)
 
 
+def test_a_launch_given_the_checkpoint_as_the_model_carries_that_evidence_and_no_other_does(committed):
+    """Where each launch logs its own config (a new W&B or MLflow run per launch), the boundary of a launch that
+    passed ``checkpoint-N`` as the model (trl #3179) says so; a launch from the base model never does. A
+    re-attached MLflow run keeps its first params and an event file's text config holds no model path: there
+    the evidence cannot be seen."""
+    _, report, manifest = committed
+    runs = [r for r in manifest["runs"] if r["tracker"] in ("wandb", "mlflow") and r["layout"] != "resume"]
+    pairs, _ = pair_runs({**manifest, "runs": runs}, report)
+    seen = 0
+    for run, lin in pairs:
+        got = {b["step"]: "model_from_checkpoint" in b["evidence"] for b in lin["boundaries"]}
+        for proc, b in zip(run["processes"][1:], run["boundaries"]):
+            assert got[b["step"]] == (proc["model_from"] == "checkpoint"), (run["id"], b["step"], proc["model_from"])
+            seen += proc["model_from"] == "checkpoint"
+    assert seen >= 4
+
+
 def test_no_false_alarm(committed):
     _, report, manifest = committed
     problems = no_false_alarm_problems(manifest, report)
