@@ -222,8 +222,11 @@ def infer_boundaries(
     checkpoint_steps: list[int],
     declared_steps: list[int],
     config: BoundaryConfig,
+    configs: dict[int, dict] | None = None,
 ) -> list[Boundary]:
-    """One boundary between every two consecutive pieces, with all the evidence that supports it."""
+    """One boundary between every two consecutive pieces, with all the evidence that supports it.
+    ``configs`` gives a segment's config by ``id`` where it is logged beside it (``add_hparams``)."""
+    configs = configs or {}
     boundaries: list[Boundary] = []
     ckpts = sorted(set(checkpoint_steps))
     all_wall = [p.series[metric].wall_times for p in pieces
@@ -249,7 +252,7 @@ def infer_boundaries(
                 evidence.append("duplicate_steps")
             if first_wall is not None and prev_last_wall is not None and first_wall - prev_last_wall > gap_threshold:
                 evidence.append("time_gap")
-            if model_move(pseg.config, seg.config) is not None:
+            if model_move(configs.get(id(pseg), pseg.config), configs.get(id(seg), seg.config)) is not None:
                 evidence.append("model_from_checkpoint")
             rt, prt = cur.series.get("_runtime"), prev.series.get("_runtime")
             if rt is not None and prt is not None and len(rt) and len(prt) and rt.values[0] < prt.values[-1]:

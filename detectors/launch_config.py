@@ -13,18 +13,22 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import PurePosixPath, PureWindowsPath
 
 from .declarations import flatten
 
-# Config keys that change from one launch of a run to the next by design (matched anywhere in the
-# flattened key). Model keys are not among them: a model that changes is another run, unless it moved
-# into the earlier launch's checkpoints (``model_move``).
+# Config keys that change from one launch of a run to the next by design, matched as words of the
+# flattened key (letters on neither side: ``date`` is not ``update``, ``port`` is not ``report_to``).
+# Model keys are not among them: a model that changes is another run, unless it moved into the earlier
+# launch's checkpoints (``model_move``).
 PER_LAUNCH_KEY = re.compile(
-    r"(resume|checkpoint|ckpt|output|_dir|dir$|path|time|date|_id$|^id$|host|node|slurm|port|wandb|"
-    r"launch|restart|seed|pid|rank|world|device|cuda|run_name|logging_dir|log_dir|save|load|"
-    r"max_steps|num_train_epochs|total|exp_name|experiment|version|hub_|push_to_hub|"
-    r"num_param)", re.I)  # a model's parameter count changes when an adapter is wrapped or merged on resume
+    r"(?<![a-z])(resume\w*|checkpoint\w*|ckpt\w*|output\w*|\w*dirs?|\w*paths?|time|timestamp|date|datetime|"
+    r"id|host|hostname|node|nodes|slurm\w*|port|wandb\w*|launch\w*|restart\w*|seed|pid|local_rank|global_rank|"
+    r"rank|world\w*|devices?|cuda\w*|run_name|logging_dir|log_dir|save\w*|load_from\w*|max_steps|"
+    r"max_num_steps|max_num_epochs|max_epochs|num_train_epochs|total\w*|exp_name|experiment\w*|version|"
+    r"hub_\w*|push_to_hub|num_param\w*|report_to|(wandb|tensorboard|mlflow|swanlab)_enabled|monitor_gpus)(?![a-z])",
+    re.I)  # parameter counts change when an adapter is merged; which trackers a launch reports to is its own
+# Keys that hold a training setting even though a word in them is a per-launch one.
+TRAINING_KEY = re.compile(r"(lora|adapter|batch_size|gradient_accumulation|load_in_|quantiz)", re.I)
 
 # A folder per launch: a launch counter (attempt2, exp_002, version_3), a date stamp (HF's
 # runs/Dec01_13-05-59_host, 2026-12-01_13-05), a Unix time (TensorBoard's add_hparams folder), or a
@@ -44,8 +48,21 @@ MODEL_KEY = re.compile(r"(^|[./])(_?name_or_path|model_name(_or_path)?|pretrain(
                        r"base_model(_name_or_path)?|model_path|model\.(path|name)|tokenizer(_name)?(\.name)?)$", re.I)
 
 # A checkpoint folder of the frameworks klwatch reads: HF/TRL checkpoint-N, NeMo-RL step_N, verl and
-# SkyRL global_step_N, OpenRLHF/DeepSpeed global_stepN, Megatron iter_NNNNNNN.
-CHECKPOINT_FOLDER = re.compile(r"^(checkpoint-|step_|global_step_?|iter_)(\d+)$")
+# SkyRL global_step_N, OpenRLHF/DeepSpeed global_stepN (and its --save_hf_ckpt global_stepN_hf), Megatron
+# iter_NNNNNNN. At most 18 digits: a step, never a number too long to convert.
+CHECKPOINT_FOLDER = re.compile(r"^(checkpoint-|step_|global_step_?|iter_)(\d{1,18})(_hf|_huggingface)?$")
+
+# What a per-launch value looks like where it differs: a launch folder (exp_002, version_3, attempt2,
+# resume-1), a date or time stamp (HF's runs/Dec01_13-05-59_host, 2026-12-01_13-05, TensorBoard's
+# add_hparams time.time() folder), or a W&B run folder. Never a plain name or number: ``k1``/``k3``,
+# ``float16``/``float32``, ``run-0001``/``run-0002`` are settings or runs.
+LAUNCH_PART = re.compile(
+    r"^([A-Za-z0-9]+[-_.])?(exp|version|attempt|launch|try|retry|restart|resume|relaunch)[-_.]?\d+$|"
+    r"^[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}(_[\w.-]+)?$|"
+    r"^\d{4}-?\d{2}-?\d{2}([T_ -]?\d{2}[-:]?\d{2}([-:]?\d{2}([.,]\d+)?)?)?(Z|[+-]\d{2}:?\d{2})?$|"
+    r"^\d{9,11}(\.\d+)?$|^(offline-)?run-\d{8}_\d{6}-\w+$", re.I)
+TIME_VALUE = re.compile(r"^\d{4}-?\d{2}-?\d{2}([T_ -]?\d{2}[-:]?\d{2}([-:]?\d{2}([.,]\d+)?)?)?(Z|[+-]\d{2}:?\d{2})?$|"
+                        r"^\d{9,11}(\.\d+)?$")
 
 
 @dataclass(frozen=True)
@@ -62,7 +79,7 @@ class ModelMove:
 
     def describe(self) -> str:
         whose = "the earlier launch's checkpoint" if self.of_earlier_launch else "the checkpoint"
-        return (f"its {self.key} moved from {self.before!r} to {whose} {self.after!r} (step "
+        return (f"its {self.key} moved from {_short(self.before)} to {whose} {_short(self.after)} (step "
                 f"{self.checkpoint_step}): resumed with the checkpoint as the model, which also rebuilds a "
                 "reference taken from the model")
 
@@ -81,16 +98,19 @@ class ConfigDiff:
     model_moves: tuple[ModelMove, ...] = ()
     launch_folders: tuple[str, ...] = ()
     """The per-launch keys whose two values differ only in a launch folder or a time."""
+    shared: int = 0
+    """How many keys both configs logged."""
 
     @property
     def agree(self) -> bool:
         return not self.splitting
 
-    @property
-    def named_per_launch(self) -> int:
-        """Per-launch keys (by their name) whose values differ beyond a launch folder: a checkpoint
-        folder, a run name. Kin launches differ in few of them."""
-        return len(self.per_launch) - len(self.launch_folders)
+    def kin(self, *, min_shared: int = 8) -> bool:
+        """Positive evidence of two launches of one run: configs that say something (``min_shared`` keys
+        logged by both), differing in launch folders and in nothing else, not even a checkpoint folder
+        or a run name. An empty or sparse config is no evidence."""
+        return (self.agree and bool(self.launch_folders) and len(self.per_launch) == len(self.launch_folders)
+                and self.shared >= min_shared)
 
     def describe_split(self, limit: int = 3) -> str:
         """Words for a refusal: the first keys that differ, with both values."""
@@ -102,11 +122,12 @@ class ConfigDiff:
 def compare_configs(earlier: dict, later: dict) -> ConfigDiff:
     """Compare the keys both launches logged (a key only one of them logged decides nothing)."""
     fa, fb = flatten(earlier), flatten(later)
+    common = fa.keys() & fb.keys()
     splitting: list[tuple[str, str, str]] = []
     per_launch: list[str] = []
     moves: list[ModelMove] = []
     folders: list[str] = []
-    for key in sorted(fa.keys() & fb.keys()):
+    for key in sorted(common):
         a, b = fa[key], fb[key]
         if same_value(a, b):
             continue
@@ -120,11 +141,11 @@ def compare_configs(earlier: dict, later: dict) -> ConfigDiff:
         if launch_valued(a, b):
             folders.append(key)
             per_launch.append(key)
-        elif PER_LAUNCH_KEY.search(key):
+        elif per_launch_key(key):
             per_launch.append(key)
         else:
             splitting.append((key, str(a), str(b)))
-    return ConfigDiff(tuple(splitting), tuple(per_launch), tuple(moves), tuple(folders))
+    return ConfigDiff(tuple(splitting), tuple(per_launch), tuple(moves), tuple(folders), len(common))
 
 
 def configs_agree(a: dict, b: dict) -> bool:
@@ -151,15 +172,22 @@ def same_value(a: object, b: object) -> bool:
 
 
 def launch_valued(a: object, b: object) -> bool:
-    """Two values that differ only where each names a launch: paths with a launch folder
-    (``logs/exp_001`` vs ``logs/exp_002``), or two dates or times."""
+    """Two values that differ only where each names a launch: paths whose differing folders are launch
+    folders or time stamps (``logs/exp_001`` vs ``logs/exp_002``), or two dates or times."""
     if not isinstance(a, str) or not isinstance(b, str):
         return False
     pa, pb = _parts(a), _parts(b)
     if len(pa) != len(pb):
         return False
+    if len(pa) < 2:
+        return bool(TIME_VALUE.match(a.strip()) and TIME_VALUE.match(b.strip()))
     diff = [(x, y) for x, y in zip(pa, pb) if x != y]
-    return bool(diff) and all(LAUNCH_FOLDER.search(x) and LAUNCH_FOLDER.search(y) for x, y in diff)
+    return bool(diff) and all(LAUNCH_PART.match(x) and LAUNCH_PART.match(y) for x, y in diff)
+
+
+def per_launch_key(key: str) -> bool:
+    """A key whose value changes from one launch of a run to the next by design."""
+    return bool(PER_LAUNCH_KEY.search(key)) and not TRAINING_KEY.search(key)
 
 
 def checkpoint_in(path: str) -> tuple[str, int] | None:
@@ -174,20 +202,31 @@ def checkpoint_in(path: str) -> tuple[str, int] | None:
 
 def same_model(a: object, b: object) -> bool:
     """The same weights named two ways: a hub id and its local cache snapshot
-    (``.../models--Qwen--Qwen2.5-0.5B/snapshots/<hash>``), or one folder under two mounts (the same
-    last two path parts)."""
-    ia, ib = _model_identity(str(a)), _model_identity(str(b))
-    return ia is not None and ia == ib
+    (``.../models--Qwen--Qwen2.5-0.5B/snapshots/<hash>``) or a local copy in a folder of its name
+    (``/root/models/Qwen2.5-0.5B``), or one folder under two mounts (the same last two path parts)."""
+    sa, sb = str(a), str(b)
+    ia, ib = _model_identity(sa), _model_identity(sb)
+    if ia is not None and ia == ib:
+        return True
+    for hub, local in ((sa, sb), (sb, sa)):
+        if _hub_id(hub) and not _hub_id(local) and _parts(local) and _parts(local)[-1].lower() == _parts(hub)[-1].lower():
+            return True
+    return False
 
 
 def _model_identity(value: str) -> str | None:
     parts = _parts(value)
-    for i, part in enumerate(parts):
+    for part in parts:
         if part.startswith("models--"):
             return part[len("models--"):].replace("--", "/").lower()
     if len(parts) >= 2:
         return "/".join(parts[-2:]).lower()
     return None
+
+
+def _hub_id(value: str) -> bool:
+    """``org/name`` as the Hugging Face hub spells a model: two parts, not a path from a folder."""
+    return bool(re.fullmatch(r"[\w.-]+/[\w.-]+", value)) and not value.startswith(".")
 
 
 def _model_move(key: str, before: object, after: object, *, earlier_paths: list[str]) -> ModelMove | None:
@@ -227,8 +266,8 @@ def same_folder(a: str, b: str) -> bool:
 
 
 def _parts(value: str) -> list[str]:
-    path = PureWindowsPath(value) if "\\" in value and "/" not in value else PurePosixPath(value)
-    return [p for p in path.parts if p not in ("/", ".", "") and not p.endswith(":\\")]
+    """A path's folders, split at ``/`` and ``\\`` alike (a Windows path, or one written half each way)."""
+    return [p for p in re.split(r"[/\\]+", value) if p not in ("", ".") and not re.fullmatch(r"[A-Za-z]:", p)]
 
 
 def _short(value: str, width: int = 60) -> str:

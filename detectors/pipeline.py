@@ -22,7 +22,7 @@ from .sources import read_source, split_pattern
 from .sources.limits import ReadLimits
 from .sources.local import ReadUnit
 from .step_axis import step_axis_metric, to_framework_steps
-from .stitching import StitchConfig, starts_over, stitch
+from .stitching import StitchConfig, effective_configs, starts_over, stitch
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def build_lineages(segments: list[Segment], *, config: ScanConfig) -> list[Linea
                      f"starts at step {first}" if k else "later rows start the run again from scratch"))
             lineage.boundaries = infer_boundaries(data, run_pieces, metric=metric, checkpoint_steps=checkpoint_steps,
                                                   declared_steps=list(config.declared_restarts) + list(config.intentional_resets),
-                                                  config=config.boundaries)
+                                                  config=config.boundaries, configs=effective_configs(data))
             lineage.pieces = [p.series for p in run_pieces]  # declared restarts may have cut a piece
             lineage.piece_segments = [p.segment_index for p in run_pieces]
             lineage.kl_metric = metric

@@ -118,6 +118,11 @@ def starts_over(first: int | None, run_first: int | None, every: int) -> bool:
     return first is not None and run_first is not None and first <= run_first + max(1, every - 1)
 
 
+MAX_REFUSALS_SAID = 3
+"""Refusals said in full per piece; the rest are counted by reason (a sweep of hundreds of same-named
+runs would otherwise say hundreds of sentences per run)."""
+
+
 def _split_chain(segs: list[Segment], *, explicit: bool, shapes: dict[int, _Shape],
                  notes: dict[int, list[str]], configs: dict[int, dict]) -> list[list[Segment]]:
     """Within one key, start a new training run where a piece starts over, overlaps or disagrees;
@@ -125,14 +130,14 @@ def _split_chain(segs: list[Segment], *, explicit: bool, shapes: dict[int, _Shap
     segs = sorted(segs, key=lambda x: _order_key(x, shapes[id(x)]))
     chains: list[list[Segment]] = []
     for seg in segs:
-        refused: list[str] = []
+        refused: list[tuple[str, str]] = []
         for chain in chains:
             if explicit:
                 chain.append(seg)
                 break
             why, diff = _refusal(seg, chain, shapes=shapes, configs=configs)
             if why is not None:
-                refused.append(f"{seg.ref} was not joined to {chain[-1].ref} (same {_what(seg)}): {why}")
+                refused.append((why[0], f"{seg.ref} was not joined to {chain[-1].ref} (same {_what(seg)}): {why[1]}"))
                 continue
             sh, last = shapes[id(seg)], chain[-1]
             steps = f", its steps continue from {shapes[id(last)].last} to {sh.first}" if sh.first is not None else ""
@@ -142,29 +147,57 @@ def _split_chain(segs: list[Segment], *, explicit: bool, shapes: dict[int, _Shap
             break
         else:
             chains.append([seg])
-            notes.setdefault(id(seg), []).extend(refused)
+            notes.setdefault(id(seg), []).extend(_said(refused, what=_what(seg)))
     return chains
 
 
+def _said(refused: list[tuple[str, str]], *, what: str) -> list[str]:
+    """The first refusals in full, the rest counted by reason."""
+    out = [text for _, text in refused[:MAX_REFUSALS_SAID]]
+    rest: dict[str, int] = {}
+    for reason, _ in refused[MAX_REFUSALS_SAID:]:
+        rest[reason] = rest.get(reason, 0) + 1
+    if rest:
+        out.append(f"{sum(rest.values())} more runs of the same {what} were not joined either: " +
+                   ", ".join(f"{n} {reason}" for reason, n in rest.items()))
+    return out
+
+
 def _refusal(seg: Segment, chain: list[Segment], *, shapes: dict[int, _Shape],
-             configs: dict[int, dict]) -> tuple[str | None, ConfigDiff]:
-    """Why ``seg`` cannot continue ``chain`` (None when it can), and how their configs differ."""
+             configs: dict[int, dict]) -> tuple[tuple[str, str] | None, ConfigDiff | None]:
+    """Why ``seg`` cannot continue ``chain`` ((a short reason, the sentence), None when it can), and how
+    their configs differ (compared only once the cheap checks pass)."""
     last, sh = chain[-1], shapes[id(seg)]
-    diff = compare_configs(configs.get(id(last), last.config), configs.get(id(seg), seg.config))
     # a W&B/MLflow run resumed in place keeps its id; event files share their folder's id
     new_run = seg.run_id != last.run_id or seg.kind == "tensorboard"
     _, l_end = _span(last)
     s_start, _ = _span(seg)
     if new_run and l_end is not None and s_start is not None and s_start < l_end - OVERLAP_SLACK_SECONDS:
-        return "the two ran at the same time (two processes, not one resumed)", diff
+        return ("ran at the same time", "the two ran at the same time (two processes, not one resumed)"), None
     run_first = min((shapes[id(x)].first for x in chain if shapes[id(x)].first is not None), default=None)
     # the run's own logging interval: a fresh run logs on its grid from its first step
     if new_run and starts_over(sh.first, run_first, shapes[id(chain[0])].every):
-        return (f"it starts over at step {sh.first}, where the run started ({run_first}): a new run from scratch, "
-                "no checkpoint lies behind that step"), diff
+        return ("started over", f"it starts over at step {sh.first}, where the run started ({run_first}): a new run "
+                "from scratch, no checkpoint lies behind that step"), None
+    diff = compare_configs(configs.get(id(last), last.config), configs.get(id(seg), seg.config))
     if not diff.agree:
-        return diff.describe_split(), diff
-    return _unfit_move(diff, sh.first, shapes[id(chain[0])].every), diff
+        return ("configs differ", diff.describe_split()), diff
+    unfit = _unfit_move(diff, sh.first, shapes[id(chain[0])].every)
+    return (("model moved elsewhere", unfit) if unfit else None), diff
+
+
+def _diff_words(diff: ConfigDiff | None) -> str:
+    """What the configs of a join differ in, for its note: the per-launch keys, a model moved into
+    the earlier launch's checkpoints."""
+    if diff is None:
+        return ""
+    words = ""
+    if diff.per_launch:
+        keys = ", ".join(diff.per_launch[:4]) + (f" and {len(diff.per_launch) - 4} more" if len(diff.per_launch) > 4 else "")
+        words += f"; configs agree but for keys that change at every launch ({keys})"
+    for move in diff.model_moves:
+        words += f"; {move.describe()}"
+    return words
 
 
 def _unfit_move(diff: ConfigDiff, first: int | None, every: int) -> str | None:
@@ -213,7 +246,7 @@ def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig(), me
     notes = {} if notes is None else notes
     shapes = {id(seg): _shape(seg, _prefer(seg, metrics)) for seg in segments if not seg.error}
     data, checkpoints, unreadable, sidecars = _sort_segments(segments)
-    configs = _effective_configs(data, sidecars)
+    configs = effective_configs([s for s in segments if not s.error and s.kind != "checkpoints"])
     lineages: list[tuple[str, str, list[Segment]]] = []
     for (source, store), groups in _by_store(data, config).items():
         for key, segs in groups.items():
@@ -223,10 +256,11 @@ def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig(), me
             lineages.extend(_named_chains(base, key, chains, shapes=shapes))
     if not config.lineage_map and not config.group_by:
         lineages = _join_continuations(lineages, shapes=shapes, notes=notes, configs=configs)
-    out = _attach_sidecars(sidecars, lineages, notes=notes)
-    out += _attach_unreadable(unreadable, lineages, config=config, notes=notes)
+    _attach_sidecars(sidecars, segments, lineages, notes=notes)
+    out = _attach_unreadable(unreadable, lineages, config=config, notes=notes)
+    named = _folders_named(lineages, configs) if checkpoints else {}
     for ck in checkpoints:
-        targets = _checkpoint_owners(ck, lineages, configs=configs, notes=notes)
+        targets = _checkpoint_owners(ck, lineages, named=named, notes=notes)
         for target in targets:
             target[2].append(ck)
         if not targets:
@@ -234,35 +268,54 @@ def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig(), me
     return out + lineages
 
 
-def _sort_segments(segments: list[Segment]) -> tuple[list[Segment], list[Segment], list[Segment], list[Segment]]:
-    """(tracker pieces, checkpoint folders, unreadable pieces, hparams sidecars)."""
+def _sort_segments(segments: list[Segment]) -> tuple[list[Segment], list[Segment], list[Segment], dict[int, Segment]]:
+    """(tracker pieces, checkpoint folders, unreadable pieces, each hparams sidecar -> its event file)."""
     data, checkpoints, unreadable = [], [], []
     for seg in segments:
         (unreadable if seg.error else checkpoints if seg.kind == "checkpoints" else data).append(seg)
-    logged = {_folder(s) for s in data if s.kind == "tensorboard" and _has_points(s)}
-    sidecars = [s for s in data if _is_sidecar(s, logged)]
-    return [s for s in data if all(s is not c for c in sidecars)], checkpoints, unreadable, sidecars
+    owners = sidecar_owners(data)
+    return [s for s in data if id(s) not in owners], checkpoints, unreadable, owners
+
+
+_HPARAMS_FOLDER = re.compile(r"^\d{9,11}\.\d+$")
+
+
+def sidecar_owners(segments: list[Segment]) -> dict[int, Segment]:
+    """Each hyperparameters sidecar (by ``id``) with the event file it describes. PyTorch's
+    ``SummaryWriter.add_hparams`` writes the hyperparameters into ``<log_dir>/<time.time()>/`` (NeMo-RL's
+    TensorBoard logger logs its whole config that way at every launch): an event file with a config and no
+    points, in a folder named by the time, inside a folder of logged event files. It describes the event
+    file of that folder started last before it (a folder reused by several launches holds one per launch)."""
+    by_folder: dict[str, list[Segment]] = {}
+    for s in segments:
+        if s.kind == "tensorboard" and _has_points(s):
+            by_folder.setdefault(_folder(s), []).append(s)
+    owners: dict[int, Segment] = {}
+    for car in segments:
+        folder = PurePosixPath(_folder(car))
+        if car.kind != "tensorboard" or not car.config or _has_points(car) or not _HPARAMS_FOLDER.match(folder.name):
+            continue
+        events = sorted(by_folder.get(str(folder.parent), []), key=lambda e: e.first_wall_time() or 0.0)
+        if events:
+            when = car.start_time or 0.0
+            started = [e for e in events if (e.first_wall_time() or 0.0) <= when + 1.0]
+            owners[id(car)] = started[-1] if started else events[0]
+    return owners
 
 
 def _has_points(seg: Segment) -> bool:
     return any(len(s) for s in seg.series.values())
 
 
-def _is_sidecar(seg: Segment, logged: set[str]) -> bool:
-    """An event file holding only the hyperparameters, in a folder inside a logged run's folder: what
-    PyTorch's ``SummaryWriter.add_hparams`` writes (``<log_dir>/<time.time()>/``; NeMo-RL's
-    TensorBoard logger logs its whole config that way at every launch)."""
-    return (seg.kind == "tensorboard" and bool(seg.config) and not _has_points(seg)
-            and str(PurePosixPath(_folder(seg)).parent) in logged)
-
-
-def _effective_configs(data: list[Segment], sidecars: list[Segment]) -> dict[int, dict]:
-    """Each piece's config: the hyperparameters written beside it (a sidecar in its folder; the newest
-    wins), and its own over them."""
-    beside: dict[str, dict] = {}
-    for car in sorted(sidecars, key=lambda c: c.start_time or 0.0):
-        beside.setdefault(str(PurePosixPath(_folder(car)).parent), {}).update(car.config)
-    return {id(s): {**beside.get(_folder(s), {}), **s.config} for s in data}
+def effective_configs(segments: list[Segment]) -> dict[int, dict]:
+    """Each piece's config (by ``id``): the hyperparameters written beside it by ``add_hparams``, and its
+    own over them. Stitching compares launches by these, and boundaries read a model moved into a
+    checkpoint from them."""
+    owners = sidecar_owners(segments)
+    beside: dict[int, dict] = {}
+    for car in sorted((s for s in segments if id(s) in owners), key=lambda c: c.start_time or 0.0):
+        beside.setdefault(id(owners[id(car)]), {}).update(car.config)
+    return {id(s): {**beside.get(id(s), {}), **s.config} for s in segments if id(s) not in owners}
 
 
 def _by_store(data: list[Segment], config: StitchConfig) -> dict[tuple[str, str], dict[str, list[Segment]]]:
@@ -273,22 +326,17 @@ def _by_store(data: list[Segment], config: StitchConfig) -> dict[tuple[str, str]
     return by_store
 
 
-def _attach_sidecars(sidecars: list[Segment], lineages: list[tuple[str, str, list[Segment]]], *,
-                     notes: dict[int, list[str]]) -> list[tuple[str, str, list[Segment]]]:
-    """A hyperparameters sidecar is a member of the run its parent folder's event files belong to."""
-    alone: list[tuple[str, str, list[Segment]]] = []
-    for car in sidecars:
-        parent = str(PurePosixPath(_folder(car)).parent)
-        owners = [lin for lin in lineages if any(m.kind == "tensorboard" and m.source == car.source
-                                                 and _folder(m) == parent for m in lin[2])]
-        if len(owners) == 1:
-            owners[0][2].append(car)
-            notes.setdefault(id(car), []).append(
-                f"{car.ref} holds the hyperparameters written beside {parent}'s event files (add_hparams): "
-                "it is this run's config, not a run of its own")
-        else:
-            alone.append((f"{car.kind}:{car.ref}", car.name or car.ref, [car]))
-    return alone
+def _attach_sidecars(sidecars: dict[int, Segment], segments: list[Segment],
+                     lineages: list[tuple[str, str, list[Segment]]], *,
+                     notes: dict[int, list[str]]) -> None:
+    """A hyperparameters sidecar is a member of the run its event file belongs to."""
+    for car in (s for s in segments if id(s) in sidecars):
+        event = sidecars[id(car)]
+        owner = next(lin for lin in lineages if any(m is event for m in lin[2]))
+        owner[2].append(car)
+        notes.setdefault(id(car), []).append(
+            f"{car.ref} holds the hyperparameters written beside {event.ref} (add_hparams): it is this run's "
+            "config, not a run of its own")
 
 
 def _attach_unreadable(unreadable: list[Segment], lineages: list[tuple[str, str, list[Segment]]], *,
@@ -451,8 +499,8 @@ def _closest(candidates: list[int], *, head: Segment, chains: dict[int, list[Seg
     crashed at the same checkpoint), so kinship decides: the same folder, then a launch folder beside
     it, then the same store; among those, the one run whose config differs from the piece's in nothing
     but its launch folders (NeMo-RL puts every run's launches side by side in ``logs/exp_NNN``: the
-    checkpoint folder and the run's name then tell whose launch it is). A tie at the best rank leaves
-    the piece alone."""
+    checkpoint folder and the run's name then tell whose launch it is; an empty or sparse config is no
+    such evidence). A tie at the best rank leaves the piece alone."""
     def rank(j: int) -> tuple[int, int]:
         parent = chains[j][-1]
         if _folder(parent) == _folder(head):
@@ -461,7 +509,7 @@ def _closest(candidates: list[int], *, head: Segment, chains: dict[int, list[Seg
             near = 2
         else:
             near = 1 if _store_key(parent) == _store_key(head) else 0
-        return near, int(diffs[j].named_per_launch == 0)
+        return near, int(diffs[j].kin())
 
     if not candidates:
         return None
@@ -553,7 +601,8 @@ def _common_depth(a: str, b: str) -> int:
     return n
 
 
-def _checkpoint_owners(ck: Segment, lineages: list[tuple[str, str, list[Segment]]], *, configs: dict[int, dict],
+def _checkpoint_owners(ck: Segment, lineages: list[tuple[str, str, list[Segment]]], *,
+                       named: dict[str, list[tuple[int, str]]],
                        notes: dict[int, list[str]]) -> list[tuple[str, str, list[Segment]]]:
     """The training runs a checkpoint folder belongs to: the runs whose config names it as their
     checkpoint or output folder (NeMo-RL ``checkpointing.checkpoint_dir``, HF ``output_dir``, verl
@@ -563,9 +612,12 @@ def _checkpoint_owners(ck: Segment, lineages: list[tuple[str, str, list[Segment]
     MLflow and TensorBoard at once has one set of checkpoints); else the only run of its source.
     Ambiguity leaves it alone rather than lending evidence to the wrong run."""
     same_source = [lin for lin in lineages if lin[2][0].source == ck.source and lin[2][0].kind != "checkpoints"]
-    for rule, why in ((_named_by_config, "its config names that folder"), (_nearest_in_tree, "it lies nearest to it"),
-                      (_of_its_name, "it has the checkpoints' run name"), (_only_run, "it is the only run there")):
-        owners = rule(ck, same_source, configs)
+    rules = ((lambda: _named_by_config(ck, lineages, same_source, named), "its config names that folder"),
+             (lambda: _nearest_in_tree(ck, same_source), "it lies nearest to it"),
+             (lambda: _of_its_name(ck, same_source), "it has the checkpoints' run name"),
+             (lambda: [same_source[0]] if len(same_source) == 1 else [], "it is the only run there"))
+    for rule, why in rules:
+        owners = rule()
         if owners:
             notes.setdefault(id(ck), []).append(f"the checkpoints in {ck.ref or ck.source} belong to this run: {why}")
             return owners
@@ -577,16 +629,36 @@ def _one_per_kind(lineages: list[tuple[str, str, list[Segment]]]) -> list[tuple[
     return lineages if lineages and len(kinds) == len(set(kinds)) else []
 
 
-def _named_by_config(ck: Segment, runs: list[tuple[str, str, list[Segment]]],
-                     configs: dict[int, dict]) -> list[tuple[str, str, list[Segment]]]:
+def _folders_named(lineages: list[tuple[str, str, list[Segment]]],
+                   configs: dict[int, dict]) -> dict[str, list[tuple[int, str]]]:
+    """Every folder a run's config names, by its last part: (index of the run, the path). Built once,
+    so pairing checkpoint folders with runs costs a look-up each, not a walk of every config."""
+    index: dict[str, list[tuple[int, str]]] = {}
+    for i, (_, _, members) in enumerate(lineages):
+        for m in members:
+            for path in path_values(flatten(configs.get(id(m), m.config))):
+                parts = [p for p in re.split(r"[/\\]+", path) if p]
+                if parts:
+                    index.setdefault(parts[-1], []).append((i, path))
+    return index
+
+
+def _named_by_config(ck: Segment, lineages: list[tuple[str, str, list[Segment]]],
+                     same_source: list[tuple[str, str, list[Segment]]],
+                     named: dict[str, list[tuple[int, str]]]) -> list[tuple[str, str, list[Segment]]]:
     where = str(Path(ck.source) / ck.ref) if ck.ref not in ("", ".") else ck.source
-    hits = [lin for lin in runs if any(same_folder(p, where) for m in lin[2]
-                                       for p in path_values(flatten(configs.get(id(m), m.config))))]
-    return _one_per_kind(hits)
+    last = PurePosixPath(where.replace("\\", "/")).name
+    hits = {i for i, path in named.get(last, []) if same_folder(path, where)}
+    return _one_per_kind([lin for i, lin in enumerate(lineages) if i in hits and any(lin is x for x in same_source)])
 
 
-def _nearest_in_tree(ck: Segment, runs: list[tuple[str, str, list[Segment]]],
-                     configs: dict[int, dict]) -> list[tuple[str, str, list[Segment]]]:
+def _of_its_name(ck: Segment, runs: list[tuple[str, str, list[Segment]]]) -> list[tuple[str, str, list[Segment]]]:
+    if not ck.name:
+        return []
+    return _one_per_kind([lin for lin in runs if base_name(ck.name) in (base_name(lin[1]), lin[1])])
+
+
+def _nearest_in_tree(ck: Segment, runs: list[tuple[str, str, list[Segment]]]) -> list[tuple[str, str, list[Segment]]]:
     depths = [(max(_common_depth(ck.ref, str(PurePosixPath(s.ref).parent)) for s in lin[2]), i)
               for i, lin in enumerate(runs)]
     if not depths:
@@ -594,18 +666,6 @@ def _nearest_in_tree(ck: Segment, runs: list[tuple[str, str, list[Segment]]],
     best = max(d for d, _ in depths)
     winners = [i for d, i in depths if d == best]
     return [runs[winners[0]]] if best > 0 and len(winners) == 1 else []
-
-
-def _of_its_name(ck: Segment, runs: list[tuple[str, str, list[Segment]]],
-                 configs: dict[int, dict]) -> list[tuple[str, str, list[Segment]]]:
-    if not ck.name:
-        return []
-    return _one_per_kind([lin for lin in runs if base_name(ck.name) in (base_name(lin[1]), lin[1])])
-
-
-def _only_run(ck: Segment, runs: list[tuple[str, str, list[Segment]]],
-              configs: dict[int, dict]) -> list[tuple[str, str, list[Segment]]]:
-    return [runs[0]] if len(runs) == 1 else []
 
 
 def _lineage_name(key: str, chain: list[Segment]) -> str:

@@ -89,3 +89,31 @@ def test_one_folder_named_from_two_working_directories():
 def test_a_launch_word_inside_a_run_name_is_not_a_launch_folder():
     assert launch_valued("logs/attempt1/tb", "logs/attempt2/tb") and launch_valued("x/run-resume-2", "x/run-resume-3")
     assert not launch_valued("logs/grpo-resume-correct/exp_002", "logs/grpo-resume-buggy/exp_002")
+
+
+def test_settings_that_look_like_numbered_names_still_split():
+    for key, a, b in (("actor_rollout_ref.actor.kl_loss_type", "k1", "k3"), ("policy.precision", "bfloat16", "float16"),
+                      ("data.prompt_file", "data/v1/train.jsonl", "data/v2/train.jsonl"),
+                      ("dataset", "20240101-math", "20240601-code"), ("ref_update_steps", 100, 200),
+                      ("lora_rank", 0, 32), ("load_in_4bit", False, True),
+                      ("per_device_train_batch_size", 4, 8)):
+        assert not configs_agree({key: a}, {key: b}), key
+
+
+def test_a_hostile_model_path_never_raises():
+    huge = "out/checkpoint-" + "9" * 5000
+    assert checkpoint_in(huge) is None
+    assert not configs_agree({"model_name_or_path": "/models/base"}, {"model_name_or_path": huge})
+    assert configs_agree({"model_name_or_path": "C:/runs/out\\\\checkpoint-10"}, {"model_name_or_path": "C:/runs/out\\\\checkpoint-10"})
+    assert checkpoint_in("C:/runs/out\\\\checkpoint-10") == ("runs/out", 10)  # written half each way
+
+
+def test_openrlhf_hf_checkpoints_and_local_copies_of_a_hub_model():
+    assert checkpoint_in("./ckpt/checkpoints_ppo/global_step30_hf")[1] == 30
+    assert configs_agree({"model.path": "Qwen/Qwen2.5-0.5B-Instruct"}, {"model.path": "/root/models/Qwen2.5-0.5B-Instruct"})
+    assert not configs_agree({"model.path": "Qwen/Qwen2.5-0.5B-Instruct"}, {"model.path": "/root/models/Qwen2.5-7B-Instruct"})
+
+
+def test_which_trackers_a_launch_reports_to_is_its_own():
+    assert configs_agree({"report_to": ["tensorboard"]}, {"report_to": ["tensorboard", "wandb"]})
+    assert configs_agree({"logger": {"wandb_enabled": False}}, {"logger": {"wandb_enabled": True}})

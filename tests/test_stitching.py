@@ -194,7 +194,10 @@ def test_kl_candidates_kept_per_names_are_a_fresh_list_equal_to_ranking_them_aga
 
 def _nemo(exp: int, name: str, ckpt_dir: str, **extra) -> dict:
     """The part of NeMo-RL's logged config that matters here: a new logs/exp_NNN per launch."""
-    return {"policy": {"model_name": extra.get("model", "Qwen/Qwen2.5-1.5B")}, "loss_fn": {"beta": 0.01},
+    return {"policy": {"model_name": extra.get("model", "Qwen/Qwen2.5-1.5B"), "max_total_sequence_length": 512,
+                       "train_global_batch_size": 512, "optimizer": {"name": "AdamW", "kwargs": {"lr": 5e-6}}},
+            "grpo": {"num_prompts_per_step": 32, "num_generations_per_prompt": 16, "val_period": 10},
+            "loss_fn": {"beta": 0.01, "ratio_clip_min": 0.2, "ratio_clip_max": 0.2},
             "checkpointing": {"checkpoint_dir": ckpt_dir},
             "logger": {"log_dir": f"logs/exp_{exp:03d}", "wandb": {"name": name}}}
 
@@ -262,11 +265,11 @@ def _tb(ref: str, folder: str, *, first=None, last=None, t0=0.0, config=None):
 
 def test_tensorboard_hparams_sidecar_is_the_runs_config_not_a_run():
     main1 = _tb("logs/exp_001/tensorboard/ev1", "logs/exp_001/tensorboard", first=1, last=6)
-    car1 = _tb("logs/exp_001/tensorboard/1796.5/ev", "logs/exp_001/tensorboard/1796.5", t0=1, config=_nemo(1, "g", "results/g"))
+    car1 = _tb("logs/exp_001/tensorboard/1796320613.1995046/ev", "logs/exp_001/tensorboard/1796320613.1995046", t0=1, config=_nemo(1, "g", "results/g"))
     main2 = _tb("logs/exp_002/tensorboard/ev2", "logs/exp_002/tensorboard", first=7, last=12, t0=100)
-    car2 = _tb("logs/exp_002/tensorboard/1797.5/ev", "logs/exp_002/tensorboard/1797.5", t0=101, config=_nemo(2, "g", "results/g"))
+    car2 = _tb("logs/exp_002/tensorboard/1796320715.4431/ev", "logs/exp_002/tensorboard/1796320715.4431", t0=101, config=_nemo(2, "g", "results/g"))
     other = _tb("logs/exp_003/tensorboard/ev3", "logs/exp_003/tensorboard", first=7, last=12, t0=50)
-    car3 = _tb("logs/exp_003/tensorboard/1798.5/ev", "logs/exp_003/tensorboard/1798.5", t0=51,
+    car3 = _tb("logs/exp_003/tensorboard/1796320650.9/ev", "logs/exp_003/tensorboard/1796320650.9", t0=51,
                config=_nemo(3, "g", "results/g", model="another/model"))
     notes: dict = {}
     out = stitch([main1, car1, main2, car2, other, car3], notes=notes)
@@ -286,3 +289,23 @@ def test_checkpoints_beside_the_logs_join_the_run_whose_config_names_them():
     (owner,) = [members for _, _, members in out if ck in members]
     assert b in owner and a not in owner
     assert "its config names that folder" in notes[id(ck)][0]
+
+
+def test_a_sparse_config_is_no_evidence_of_kinship_between_launches():
+    """Of two runs a relaunch continues, one with an empty config does not win the tie by having nothing
+    to differ in: the relaunch is left apart, as with no configs at all."""
+    a = seg("a", "grpo-a", 1, 500, 0, config={**_nemo(1, "grpo-a", "out/a"), "resume_from_checkpoint": None})
+    b = seg("b", "sweet-river-3", 1, 500, 10, config={})
+    h = seg("h", "happy-sky-12", 501, 800, 2000, config={**_nemo(1, "grpo-a", "out/a"),
+                                                          "resume_from_checkpoint": "out/a/checkpoint-500"})
+    notes: dict = {}
+    assert groups([a, b, h], notes=notes) == [["a"], ["b"], ["h"]]
+    assert any("left apart" in n for n in notes[id(h)])
+
+
+def test_a_sweep_of_same_named_runs_says_a_few_refusals_and_counts_the_rest():
+    segs = [seg(f"r{i}", "sweep", 1, 40, i * 100.0) for i in range(12)]
+    notes: dict = {}
+    assert len(groups(segs, notes=notes)) == 12
+    last = notes[id(segs[-1])]
+    assert len(last) == 4 and last[-1].startswith("8 more runs of the same name") and "8 started over" in last[-1]
