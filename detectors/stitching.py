@@ -205,21 +205,9 @@ def _unfit_move(diff: ConfigDiff, first: int | None, every: int) -> str | None:
     the two launches together: the later one does not resume right after that checkpoint's step."""
     for move in diff.model_moves:
         if not move.fits(first, every):
-            return (f"its {move.key} moved to a checkpoint of step {move.checkpoint_step} ({move.after!r}) that "
+            return (f"its {move.key} moved to a checkpoint of step {move.checkpoint_step} ({move.after[:80]!r}) that "
                     f"neither the earlier launch's config names nor its first step {first} follows")
     return None
-
-
-def _diff_words(diff: ConfigDiff) -> str:
-    """What the configs of a join differ in, for its note: the per-launch keys, a model moved into
-    the earlier launch's checkpoints."""
-    words = ""
-    if diff.per_launch:
-        keys = ", ".join(diff.per_launch[:4]) + (f" and {len(diff.per_launch) - 4} more" if len(diff.per_launch) > 4 else "")
-        words += f"; configs agree but for keys that change at every launch ({keys})"
-    for move in diff.model_moves:
-        words += f"; {move.describe()}"
-    return words
 
 
 def _what(seg: Segment) -> str:
