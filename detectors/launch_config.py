@@ -79,7 +79,7 @@ class ModelMove:
 
     def describe(self) -> str:
         whose = "the earlier launch's checkpoint" if self.of_earlier_launch else "the checkpoint"
-        return (f"its {self.key} moved from {_short(self.before)} to {whose} {_short(self.after)} (step "
+        return (f"its {self.key} moved from {short(self.before)} to {whose} {short(self.after)} (step "
                 f"{self.checkpoint_step}): resumed with the checkpoint as the model, which also rebuilds a "
                 "reference taken from the model")
 
@@ -114,7 +114,7 @@ class ConfigDiff:
 
     def describe_split(self, limit: int = 3) -> str:
         """Words for a refusal: the first keys that differ, with both values."""
-        shown = [f"{k} {_short(a)} vs {_short(b)}" for k, a, b in self.splitting[:limit]]
+        shown = [f"{k} {short(a)} vs {short(b)}" for k, a, b in self.splitting[:limit]]
         more = f" and {len(self.splitting) - limit} more" if len(self.splitting) > limit else ""
         return "their configs differ in " + ", ".join(shown) + more
 
@@ -176,7 +176,7 @@ def launch_valued(a: object, b: object) -> bool:
     folders or time stamps (``logs/exp_001`` vs ``logs/exp_002``), or two dates or times."""
     if not isinstance(a, str) or not isinstance(b, str):
         return False
-    pa, pb = _parts(a), _parts(b)
+    pa, pb = path_parts(a), path_parts(b)
     if len(pa) != len(pb):
         return False
     if len(pa) < 2:
@@ -192,7 +192,7 @@ def per_launch_key(key: str) -> bool:
 
 def checkpoint_in(path: str) -> tuple[str, int] | None:
     """(the folder holding the checkpoint folders, step) when ``path`` lies in a checkpoint folder."""
-    parts = _parts(path)
+    parts = path_parts(path)
     for i in range(len(parts) - 1, -1, -1):
         m = CHECKPOINT_FOLDER.match(parts[i])
         if m:
@@ -209,13 +209,13 @@ def same_model(a: object, b: object) -> bool:
     if ia is not None and ia == ib:
         return True
     for hub, local in ((sa, sb), (sb, sa)):
-        if _hub_id(hub) and not _hub_id(local) and _parts(local) and _parts(local)[-1].lower() == _parts(hub)[-1].lower():
+        if _hub_id(hub) and not _hub_id(local) and path_parts(local) and path_parts(local)[-1].lower() == path_parts(hub)[-1].lower():
             return True
     return False
 
 
 def _model_identity(value: str) -> str | None:
-    parts = _parts(value)
+    parts = path_parts(value)
     for part in parts:
         if part.startswith("models--"):
             return part[len("models--"):].replace("--", "/").lower()
@@ -256,7 +256,7 @@ def same_folder(a: str, b: str) -> bool:
     """One folder named from two working directories or two clones: the paths end alike, in both
     parts when either has that many (``results/grpo`` and ``/work/results/grpo``), else in the whole of
     the shorter one."""
-    pa, pb = _parts(a), _parts(b)
+    pa, pb = path_parts(a), path_parts(b)
     if not pa or not pb:
         return False
     k = 0
@@ -265,10 +265,10 @@ def same_folder(a: str, b: str) -> bool:
     return k >= min(len(pa), len(pb), 2)
 
 
-def _parts(value: str) -> list[str]:
+def path_parts(value: str) -> list[str]:
     """A path's folders, split at ``/`` and ``\\`` alike (a Windows path, or one written half each way)."""
     return [p for p in re.split(r"[/\\]+", value) if p not in ("", ".") and not re.fullmatch(r"[A-Za-z]:", p)]
 
 
-def _short(value: str, width: int = 60) -> str:
+def short(value: str, width: int = 60) -> str:
     return repr(value if len(value) <= width else value[: width - 1] + "…")

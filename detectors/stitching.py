@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from .declarations import flatten
-from .launch_config import LAUNCH_FOLDER, ConfigDiff, compare_configs, path_values, same_folder
+from .launch_config import LAUNCH_FOLDER, ConfigDiff, compare_configs, path_parts, path_values, same_folder, short
 from .metrics import choose_kl_metric
 from .model import Segment, cadence_of
 
@@ -205,7 +205,7 @@ def _unfit_move(diff: ConfigDiff, first: int | None, every: int) -> str | None:
     the two launches together: the later one does not resume right after that checkpoint's step."""
     for move in diff.model_moves:
         if not move.fits(first, every):
-            return (f"its {move.key} moved to a checkpoint of step {move.checkpoint_step} ({move.after[:80]!r}) that "
+            return (f"its {move.key} moved to a checkpoint of step {move.checkpoint_step} ({short(move.after)}) that "
                     f"neither the earlier launch's config names nor its first step {first} follows")
     return None
 
@@ -234,7 +234,7 @@ def stitch(segments: list[Segment], *, config: StitchConfig = StitchConfig(), me
     notes = {} if notes is None else notes
     shapes = {id(seg): _shape(seg, _prefer(seg, metrics)) for seg in segments if not seg.error}
     data, checkpoints, unreadable, sidecars = _sort_segments(segments)
-    configs = effective_configs([s for s in segments if not s.error and s.kind != "checkpoints"])
+    configs = effective_configs([*data, *(s for s in segments if id(s) in sidecars)], owners=sidecars)
     lineages: list[tuple[str, str, list[Segment]]] = []
     for (source, store), groups in _by_store(data, config).items():
         for key, segs in groups.items():
@@ -295,11 +295,11 @@ def _has_points(seg: Segment) -> bool:
     return any(len(s) for s in seg.series.values())
 
 
-def effective_configs(segments: list[Segment]) -> dict[int, dict]:
+def effective_configs(segments: list[Segment], *, owners: dict[int, Segment] | None = None) -> dict[int, dict]:
     """Each piece's config (by ``id``): the hyperparameters written beside it by ``add_hparams``, and its
     own over them. Stitching compares launches by these, and boundaries read a model moved into a
-    checkpoint from them."""
-    owners = sidecar_owners(segments)
+    checkpoint from them. ``owners``: ``sidecar_owners(segments)`` when the caller has it already."""
+    owners = sidecar_owners(segments) if owners is None else owners
     beside: dict[int, dict] = {}
     for car in sorted((s for s in segments if id(s) in owners), key=lambda c: c.start_time or 0.0):
         beside.setdefault(id(owners[id(car)]), {}).update(car.config)
@@ -625,7 +625,7 @@ def _folders_named(lineages: list[tuple[str, str, list[Segment]]],
     for i, (_, _, members) in enumerate(lineages):
         for m in members:
             for path in path_values(flatten(configs.get(id(m), m.config))):
-                parts = [p for p in re.split(r"[/\\]+", path) if p]
+                parts = path_parts(path)
                 if parts:
                     index.setdefault(parts[-1], []).append((i, path))
     return index
@@ -635,8 +635,8 @@ def _named_by_config(ck: Segment, lineages: list[tuple[str, str, list[Segment]]]
                      same_source: list[tuple[str, str, list[Segment]]],
                      named: dict[str, list[tuple[int, str]]]) -> list[tuple[str, str, list[Segment]]]:
     where = str(Path(ck.source) / ck.ref) if ck.ref not in ("", ".") else ck.source
-    last = PurePosixPath(where.replace("\\", "/")).name
-    hits = {i for i, path in named.get(last, []) if same_folder(path, where)}
+    parts = path_parts(where)
+    hits = {i for i, path in named.get(parts[-1], []) if same_folder(path, where)} if parts else set()
     return _one_per_kind([lin for i, lin in enumerate(lineages) if i in hits and any(lin is x for x in same_source)])
 
 
