@@ -41,13 +41,13 @@ STATUS_ICON = {"reference_reset": ":red[:material/error:]", "ok": ":green[:mater
                data.OK_WITH_FINDINGS: ":violet[:material/report:]",
                "intentional": ":blue[:material/info:]", "error": ":red[:material/block:]",
                "no_kl_metric": ":gray[:material/help:]", "kl_disabled": ":gray[:material/do_not_disturb_on:]",
-               "insufficient_data": ":orange[:material/hourglass_empty:]"}
+               "insufficient_data": ":orange[:material/hourglass_empty:]", "inconclusive": ":orange[:material/help:]"}
 VERDICT_ICON = {"reference_reset": ":material/error:", "ok": ":material/check_circle:", "intentional": ":material/info:",
                 "inconclusive": ":material/help:"}
 BADGE_COLOR = {"reference_reset": "red", "ok": "green", data.OK_WITH_FINDINGS: "violet", "intentional": "blue", "error": "red",
-               "insufficient_data": "orange", "no_kl_metric": "gray", "kl_disabled": "gray"}
-ALL_STATUSES = ["reference_reset", data.OK_WITH_FINDINGS, "ok", "intentional", "error", "insufficient_data", "no_kl_metric",
-                "kl_disabled"]
+               "insufficient_data": "orange", "no_kl_metric": "gray", "kl_disabled": "gray", "inconclusive": "orange"}
+ALL_STATUSES = ["reference_reset", "inconclusive", data.OK_WITH_FINDINGS, "ok", "intentional", "error", "insufficient_data",
+                "no_kl_metric", "kl_disabled"]
 SEVERITY_BADGE = {"error": "red", "warning": "orange", "info": "gray"}
 # (comments, not docstrings: Streamlit's magic would write a bare string on the page)
 ZOOM_STEPS = 200  # steps either side of a resume that zoom-to-boundary shows by default

@@ -35,7 +35,7 @@ STATUS_COLORS = {**VERDICT_COLORS, "error": "#7f0000", "no_kl_metric": "#7a7a7a"
                  "insufficient_data": "#8f9015", "ok, with findings": FINDING_COLOR}
 DARK_STATUS_COLORS = {**STATUS_COLORS, "reference_reset": "#ff6b6b", "error": "#ff8a80", "intentional": "#64b5f6",
                       "ok": "#5cd65c", "ok, with findings": "#c3a3ef", "no_kl_metric": "#b0b0b0", "kl_disabled": "#9e9e9e",
-                      "insufficient_data": "#d4d52a"}
+                      "insufficient_data": "#d4d52a", "inconclusive": "#ffb347"}
 """Status text on a dark page: the same hues, light enough to read (dark red on near-black is not)."""
 PART_COLOR = "#e377c2"
 THEMES = {

@@ -25,7 +25,7 @@ from .pipeline import ScanConfig, scan
 from .redact import scrub
 from .reference_reset import ReferenceResetConfig
 from .report import (EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, escape_cell, exit_code, incomplete, junit_xml, printable,
-                     secret_free, unreadable)
+                     secret_free, undecided, unreadable)
 
 RESET = "reference_reset"
 DEFAULT_FAIL_ON: tuple[str, ...] = (RESET,)
@@ -203,6 +203,10 @@ def step_summary(result: ScanResult, found: list[Problem]) -> str:
     partial = incomplete(result)
     if partial:
         lines += ["Incomplete (judged on what could be read):", "", *[f"- {escape_cell(e)}" for e in partial], ""]
+    open_ = undecided(result)
+    if open_:
+        lines += ["Undecided (no reset found, but these resumes could not be judged either way):", "",
+                  *[f"- {escape_cell(e)}" for e in open_], ""]
     return "\n".join(lines) + "\n"
 
 
@@ -214,6 +218,10 @@ def _summary_head(result: ScanResult, found: list[Problem]) -> str:
     if result.any_error or result.nothing_read:
         return f"### ⚠️ klwatch check: no reset found, but some sources could not be read ({runs} training run(s))"
     boundaries = sum(len(r.verdicts) for r in result.results)
+    open_ = len(undecided(result))
+    if open_:
+        return (f"### ⚠️ klwatch check: no reference reset found, {open_} resume(s) undecided "
+                f"({runs} training run(s), {boundaries} resume(s) judged)")
     return f"### ✅ klwatch check: no reference reset ({runs} training run(s), {boundaries} resume(s) judged)"
 
 
@@ -316,6 +324,9 @@ def _print_problems(result: ScanResult, found: list[Problem], *, github: bool) -
               file=sys.stdout if github else sys.stderr)
     for msg in incomplete(result):  # judged on part of its logs: said, the exit code stays the verdict's
         print(warning_command("klwatch: incomplete run", msg) if github else f"warning: {printable(msg)}",
+              file=sys.stdout if github else sys.stderr)
+    for msg in undecided(result):  # no reset found, nor all well: said, the exit code stays the verdict's
+        print(warning_command("klwatch: undecided resume", msg) if github else f"warning: {printable(msg)}",
               file=sys.stdout if github else sys.stderr)
 
 

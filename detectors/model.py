@@ -30,7 +30,7 @@ Evidence = Literal[
 ]
 Verdict = Literal["reference_reset", "ok", "intentional", "inconclusive"]
 Status = Literal[
-    "reference_reset", "ok", "intentional", "no_kl_metric", "kl_disabled", "insufficient_data", "error"
+    "reference_reset", "ok", "intentional", "inconclusive", "no_kl_metric", "kl_disabled", "insufficient_data", "error"
 ]
 
 

@@ -46,6 +46,7 @@ import numpy as np
 from .declarations import ReferenceSchedule, explain_boundary, reference_schedules, schedule_note
 from .detector import Detector
 from .metrics import preference_metrics
+from .snapshot_mark import SnapshotMarkConfig, snapshot_mark
 from .model import (Boundary, BoundaryVerdict, Finding, Lineage, LineageResult, Series, Verdict, cadence_of,
                     logging_interval)
 from .stats import diff_noise, floored_log, t_logpdf
@@ -148,6 +149,9 @@ class ReferenceResetConfig:
     opening_zero_fraction: float = 0.05
     """A run's first logged KL under this fraction of its typical KL is its opening even when logged late
     (the template of a regrowth from zero)."""
+    snapshot: SnapshotMarkConfig = SnapshotMarkConfig()
+    """The snapshot mark (a first point at the estimator's floor, then a regrowth retracing the opening),
+    which decides a boundary the statistic leaves ``inconclusive`` (an early resume)."""
     mixup_depth_slack: float = 0.25
     """A declared sync mixing ``alpha`` of the policy leaves about (1 - alpha)^2 of the KL; a drop under
     this share of that is deeper than the sync explains and stays ``inconclusive``."""
@@ -686,7 +690,7 @@ class ReferenceResetDetector(Detector[ReferenceResetConfig]):
                 self._apply_declarations(v, schedules, before=_nearest_before(kl_pieces, b.piece_index),
                                          after=kl_pieces[b.piece_index])
             result.verdicts.append(v)
-        result.status = _roll_up(result.verdicts)
+        result.status = roll_up(result.verdicts)
         return result
 
     def _no_kl_metric(self, lineage: Lineage) -> LineageResult:
@@ -699,8 +703,8 @@ class ReferenceResetDetector(Detector[ReferenceResetConfig]):
         preference = preference_metrics(names)
         if preference and not self.metrics:
             msg = (f"No reference-KL metric: a preference trainer, whose reference shows in its implicit rewards "
-                   f"({', '.join(f'{q} {n}' for q, n in preference.items())}), which are 0 when the reference "
-                   "equals the policy; klwatch does not judge a resume from them yet.")
+                   f"({', '.join(f'{q} {n}' for q, n in preference.items())}); judge it with "
+                   "klwatch.preference_reset.PreferenceResetDetector, as klwatch scan does.")
         result = LineageResult(lineage, None, "no_kl_metric", findings=[Finding("kl_metric", None, "warning", msg)])
         _unjudged(result, lineage.boundaries, "No KL logged on both sides of this boundary.")
         return result
@@ -723,7 +727,8 @@ class ReferenceResetDetector(Detector[ReferenceResetConfig]):
         if after is None or before is None:
             return None
         config = replace(self.config, reset_score=ReferenceResetConfig.reset_score) if declared else self.config
-        return judge_boundary(b, before, after, start=start, scale=scale, config=config)
+        return marked(judge_boundary(b, before, after, start=start, scale=scale, config=config),
+                      before, after, opening=start, config=config, quantity="KL")
 
     @staticmethod
     def _declared(schedules: list[ReferenceSchedule], kl_pieces: Sequence[Series | None], b: Boundary) -> bool:
@@ -776,18 +781,39 @@ class ReferenceResetDetector(Detector[ReferenceResetConfig]):
         return StreamingReferenceReset(detector=self, name=name, config=config)
 
 
+def marked(v: BoundaryVerdict, before: Series, after: Series, *, opening: Series | None,
+           config: ReferenceResetConfig, quantity: str) -> BoundaryVerdict:
+    """A verdict the statistic left ``inconclusive`` decided by the snapshot mark (``klwatch.snapshot_mark``):
+    the value at the estimator's floor at the first step after the checkpoint, then the opening retraced."""
+    if v.verdict != "inconclusive":
+        return v
+    mark = snapshot_mark(before, after, reset_step=v.boundary.resumed_from_step, opening=opening,
+                         config=config.snapshot)
+    if mark is None:
+        return v
+    return replace(v, verdict="reference_reset", score=max(v.score, config.reset_score), explanation=(
+        f"{mark.describe(quantity)}: the reference policy was rebuilt from the resumed weights. "
+        "Load the reference from the base model, not the checkpoint."))
+
+
 def _unjudged(result: LineageResult, boundaries: list[Boundary], why: str) -> None:
     """Boundaries that cannot be judged are still reported, saying why."""
     for b in boundaries:
         result.verdicts.append(BoundaryVerdict(b, "inconclusive", 0.5, None, None, why))
 
 
-def _roll_up(verdicts: list[BoundaryVerdict]) -> str:
-    """A run's status from its boundaries' verdicts: any reset makes it a reset run."""
+ROLLED_UP = ("reference_reset", "inconclusive", "intentional", "ok")
+"""The statuses a run's verdicts roll up to (the others say why nothing was judged)."""
+
+
+def roll_up(verdicts: Sequence[BoundaryVerdict]) -> str:
+    """A run's status from its boundaries' verdicts: any reset makes it a reset run; a boundary left
+    ``inconclusive`` makes it ``inconclusive``, never ``ok`` (nothing says all is well there)."""
     kinds = {v.verdict for v in verdicts}
-    if "reference_reset" in kinds:
-        return "reference_reset"
-    return "intentional" if "intentional" in kinds else "ok"
+    for status in ("reference_reset", "inconclusive", "intentional"):
+        if status in kinds:
+            return status
+    return "ok"
 
 
 class StreamingReferenceReset:

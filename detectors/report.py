@@ -239,6 +239,15 @@ def rows(result: ScanResult) -> list[dict[str, str]]:
     return out
 
 
+def undecided(result: ScanResult) -> list[str]:
+    """One line per resume left ``inconclusive`` in a run that rolled up ``inconclusive`` (no reset found, but
+    not all is known to be well): what ``check`` and the markdown say under their verdicts, free of secrets
+    (still to be escaped per medium). The exit code stays the verdict's."""
+    clean = secret_free(result)
+    return [clean(f"{r.lineage.name}: resume at step {v.boundary.step} undecided: {v.explanation}")
+            for r in result.results if r.status == "inconclusive" for v in r.verdicts if v.verdict == "inconclusive"]
+
+
 def incomplete(result: ScanResult) -> list[str]:
     """One line per reason a training run is incomplete (``LineageResult.incomplete``), naming the run:
     what the table, markdown and ``check`` say under their verdicts, free of secrets (still to be
@@ -255,7 +264,8 @@ def unreadable(result: ScanResult) -> list[str]:
 
 
 STATUS_STYLE = {"reference_reset": "bold red", "error": "red", "ok": "green", "intentional": "cyan",
-                "kl_disabled": "dim", "no_kl_metric": "yellow", "insufficient_data": "yellow"}
+                "kl_disabled": "dim", "no_kl_metric": "yellow", "insufficient_data": "yellow",
+                "inconclusive": "yellow"}
 VERDICT_STYLE = {"reference_reset": "bold red", "ok": "green", "intentional": "cyan", "inconclusive": "yellow"}
 
 
@@ -313,8 +323,9 @@ def render_markdown(result: ScanResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-JUNIT_SKIPPED_STATUSES = ("no_kl_metric", "kl_disabled", "insufficient_data")
-"""Statuses whose test case is skipped: there was nothing to judge, which is neither a pass nor a failure."""
+JUNIT_SKIPPED_STATUSES = ("no_kl_metric", "kl_disabled", "insufficient_data", "inconclusive")
+"""Statuses whose test case is skipped: there was nothing to judge, or a resume could not be decided, which
+is neither a pass nor a failure."""
 
 
 def junit_xml(result: ScanResult, *, finding_failures: Sequence[tuple[LineageResult, str]] = ()) -> str:

@@ -319,6 +319,8 @@ def manifest_entry(done: dict[str, Any], *, out: Path) -> dict[str, Any]:
         status = "kl_disabled"
     elif "reference_reset" in verdicts:
         status = "reference_reset"
+    elif "inconclusive" in verdicts:  # a resume that cannot be judged: the run is not known to be well
+        status = "inconclusive"
     elif "intentional" in verdicts:
         status = "intentional"
     else:

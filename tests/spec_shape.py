@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 KINDS = {"wandb-offline", "wandb-api", "mlflow", "tensorboard", "table", "checkpoints"}
-STATUSES = {"reference_reset", "ok", "intentional", "no_kl_metric", "kl_disabled", "insufficient_data", "error"}
+STATUSES = {"reference_reset", "ok", "intentional", "inconclusive", "no_kl_metric", "kl_disabled", "insufficient_data", "error"}
 EVIDENCE = {"new_tracker_run", "new_event_file", "step_rewind", "duplicate_steps", "time_gap", "runtime_reset",
             "checkpoint", "declared",
             "model_from_checkpoint"}  # added (README, "Additions to the contract")

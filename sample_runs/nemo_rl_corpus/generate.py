@@ -225,7 +225,8 @@ def scenario_entry(done: dict[str, Any]) -> dict[str, Any]:
     sc = SCENARIOS[name]
     bounds = boundaries(results, sc["algorithm"])
     verdicts = {b["expected_verdict"] for b in bounds}
-    status = "reference_reset" if "reference_reset" in verdicts else "ok"
+    status = ("reference_reset" if "reference_reset" in verdicts else
+              "inconclusive" if "inconclusive" in verdicts else "ok")
     steps = [s for r in results for s in (x["step"] for x in r["logged"])]
     return {"description": sc["description"], "algorithm": sc["algorithm"], "reference": sc["reference"],
             "config": config_of(name), "expected_status": status, "boundaries": bounds,

@@ -109,7 +109,8 @@ def test_moving_a_threshold_changes_the_verdicts_and_the_url(monkeypatch: pytest
     assert "reference_reset" in set(_table(at)["status"])
     # 10 low points cannot fit in the 6-point window after a resume: no boundary can be a reset any more
     at.slider(key="rr_min_low_points").set_value(10).run()
-    assert set(_table(at)["status"]) == {"ok"}
+    statuses = set(_table(at)["status"])  # the runs with a resume are undecided now, the others ok
+    assert "reference_reset" not in statuses and "inconclusive" in statuses and statuses <= {"ok", "inconclusive"}
     labels = [e.label for e in at.expander if e.label.startswith("step ")]
     assert labels and all(" · inconclusive · " in label for label in labels)
     assert _qp(at, "min_low_points") == ["10"]

@@ -84,7 +84,8 @@ def test_new_thresholds_rejudge_without_reading_again(tmp_path: Path) -> None:
         os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
     strict = ScanConfig(reference_reset=dataclasses.replace(ReferenceResetConfig(), min_low_points=10))
     again = data.load_fleet([spec], config=strict)
-    assert [r.status for r in again.scan.results] == ["ok"]  # re-judged: 10 low points cannot fit in the window
+    # re-judged: 10 low points cannot fit in the window, so nothing is a reset, and nothing is known to be well
+    assert [r.status for r in again.scan.results] == ["inconclusive"]
     assert {v.verdict for r in again.scan.results for v in r.verdicts} == {"inconclusive"}
     os.utime(files[0])  # a file changed: the next load reads the (now broken) files again
     reread = data.load_fleet([spec], config=strict)

@@ -1,0 +1,104 @@
+"""The snapshot mark: the strongest trace a reference rebuilt from the resumed weights leaves.
+
+Frameworks compute the logged KL (TRL ``compute_loss``, NeMo-RL's loss function, verl's ``update_policy``)
+and the implicit rewards of DPO-style trainers (``beta * (log pi - log pi_ref)``) inside the step's loss,
+before the step's update. At the first step after a buggy resume the policy *is* the reference, so the
+logged value is the estimator's value at equality: 0 (within float noise) for the k1/k3/MSE estimators
+and for the implicit rewards and their margin. A healthy resume cannot log it: the policy carried on
+from the checkpoint is many updates away from the base model. So when the resume is logged at the very
+first step after the checkpoint, a value at that floor where the run had clearly left it, followed by a
+regrowth that retraces the run's own opening, is a reset even where the regrowth statistic cannot tell
+yet (an early resume, before the KL has grown far above its opening level).
+
+This is a signal the detectors read (``snapshot_mark``), not a detector: the KL detector and the
+preference detector consult it for a boundary their statistic leaves ``inconclusive``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .model import Series
+
+
+@dataclass(frozen=True)
+class SnapshotMarkConfig:
+    """How exact the floor must be and how closely the regrowth must retrace the opening."""
+
+    floor_fraction: float = 0.01
+    """The first point after the resume is at the floor when under this share of the level before."""
+    floor_absolute: float = 1e-9
+    """... and never needs to be smaller than this (an exact 0 in float arithmetic)."""
+    clear_points: int = 10
+    """The last points before the resume (this many, or the later half of them, at least ``min_points``)
+    must all lie above the floor: the run had left it (a clamped estimator, KTO's, touching 0 now and then never
+    qualifies)."""
+    min_points: int = 3
+    clear_factor: float = 10.0
+    """... by this factor over the floor tolerance, so a KL flickering at ~0 never qualifies."""
+    regrowth_points: int = 2
+    """Points after the first that must show the regrowth: off the floor, the first of them under
+    ``low_fraction`` of the level before and all under it (a dropout returns to the level at once)."""
+    low_fraction: float = 0.5
+    retrace_factor: float = 4.0
+    """No regrowth point lies this factor below the run's opening at the same offset (where the opening has
+    left the floor). Faster is allowed: a reset inside a warm-up regrows at the lr it reached, the opening
+    at the warm-up's first."""
+
+
+@dataclass(frozen=True)
+class SnapshotMark:
+    """The mark found at a resume: the value at the floor, the level it fell from, the reset step."""
+
+    value: float
+    level: float
+    reset_step: int
+    first_step: int
+
+    def describe(self, quantity: str) -> str:
+        return (f"{quantity} was {self.value:.3g} at step {self.first_step}, the first step after the checkpoint "
+                f"of step {self.reset_step}, down from {self.level:.3g}: the value a policy equal to its reference "
+                "gives, and it regrows from there along the run's own opening")
+
+
+def _finite(s: Series) -> Series:
+    return s.take(np.isfinite(s.values))
+
+
+def _opening_at(opening: Series, offsets: np.ndarray) -> np.ndarray:
+    """The opening's value ``k`` steps into the run (its steps taken as offsets from step 0)."""
+    steps = opening.steps.astype(float)
+    order = np.argsort(steps, kind="stable")
+    return np.interp(offsets, steps[order], np.abs(opening.values[order]))
+
+
+def snapshot_mark(before: Series, after: Series, *, reset_step: int | None, opening: Series | None,
+                  config: SnapshotMarkConfig = SnapshotMarkConfig()) -> SnapshotMark | None:
+    """The snapshot mark at a resume, or None. ``before``/``after`` are the judged series (a KL, or a
+    preference margin) on each side; ``reset_step`` the checkpoint's step (else the last logged step
+    before); ``opening`` the run's opening, logged from its first steps (None: no mark can be read)."""
+    pre, post = _finite(before), _finite(after)
+    if opening is None or len(pre) < config.min_points or len(post) < 1 + config.regrowth_points:
+        return None
+    r = int(reset_step) if reset_step is not None else int(pre.steps[-1])
+    first_step = int(post.steps[0])
+    if first_step != r + 1:  # logged at the first step after the checkpoint, or a window mean: no mark
+        return None
+    # the run's own opening (its first step is at the floor too) is not in the window: at most half of it
+    recent = np.abs(pre.values[-min(config.clear_points, max(config.min_points, len(pre) // 2)):])
+    level = float(np.median(recent[-config.min_points:]))
+    tol = max(config.floor_absolute, config.floor_fraction * level)
+    first = float(post.values[0])
+    if abs(first) > tol or np.any(recent <= config.clear_factor * tol):
+        return None
+    rest = post.take(slice(1, 1 + config.regrowth_points))
+    grown, top = np.abs(rest.values), float(np.max(recent[-config.min_points:]))  # a growing KL's level: its last
+    if np.any(grown <= tol) or np.any(grown >= top) or grown[0] >= config.low_fraction * top:
+        return None  # stays at zero (a penalty switched off) or returns at once (a dropout)
+    expected = _opening_at(_finite(opening), (rest.steps - r).astype(float))
+    grown_opening = expected > tol
+    if np.any(grown[grown_opening] < expected[grown_opening] / config.retrace_factor):
+        return None
+    return SnapshotMark(first, level, r, first_step)
