@@ -17,6 +17,7 @@ from .boundaries import BoundaryConfig, Piece, infer_boundaries, split_segment
 from .metrics import choose_kl_metric, is_negated
 from .model import Finding, Lineage, LineageResult, ScanResult, Segment, Series, SourceError, SourceRead, cadence_of, extent_of
 from .parallel import Execution, read_one
+from .preference_reset import PreferenceResetConfig, PreferenceResetDetector
 from .reference_reset import ReferenceResetConfig, ReferenceResetDetector
 from .sources import read_source, split_pattern
 from .sources.limits import ReadLimits
@@ -38,6 +39,9 @@ class ScanConfig:
     stitch: StitchConfig = field(default_factory=StitchConfig)
     boundaries: BoundaryConfig = field(default_factory=BoundaryConfig)
     reference_reset: ReferenceResetConfig = field(default_factory=ReferenceResetConfig)
+    preference_reset: PreferenceResetConfig | None = None
+    """The preference detector's thresholds; None: the same as ``reference_reset``'s (``--reset-score``
+    and the dashboard's sliders move both)."""
     limits: ReadLimits = field(default_factory=ReadLimits)
     """Bytes and wall time reading one SOURCE may cost (``--max-read-bytes``, ``--max-read-seconds``)."""
     findings: bool = True
@@ -62,6 +66,14 @@ class ScanConfig:
         """The reference-reset detector this scan judges with."""
         return ReferenceResetDetector(config=self.reference_reset, intentional_resets=self.intentional_resets,
                                       metrics=self.metrics)
+
+    def detector_for(self, lineage: Lineage) -> ReferenceResetDetector | PreferenceResetDetector:
+        """The detector that judges ``lineage``: the KL one, or for a run that logs no KL but a preference
+        trainer's implicit rewards (DPO and kin), the preference one (unless ``--metric`` names a series)."""
+        if lineage.kl_metric is None and not self.metrics and PreferenceResetDetector.applies(lineage):
+            config = self.preference_reset or PreferenceResetConfig(**vars(self.reference_reset))
+            return PreferenceResetDetector(config=config, intentional_resets=self.intentional_resets)
+        return self.reset_detector()
 
 
 def read_sources(specs: Sequence[str], *, progress: Callable[[str], None] | None = None,
@@ -170,7 +182,7 @@ def settle_tentative(lineage: Lineage, *, config: ScanConfig) -> None:
     regrows at the pause is the rebuilt reference whatever caused the pause; a KL that goes on is not
     worth a boundary.
     """
-    detector = config.reset_detector()
+    detector = config.detector_for(lineage)
     for b in sorted([b for b in lineage.boundaries if b.tentative], key=lambda b: -b.piece_index):
         if detector.confirms_reset(lineage, b):
             b.tentative = False
@@ -192,7 +204,7 @@ def settle_tentative(lineage: Lineage, *, config: ScanConfig) -> None:
 def judge_lineage(lineage: Lineage, *, config: ScanConfig) -> LineageResult:
     """Give a training run its status and every boundary its verdict (the reference-reset detector),
     then the other resume-integrity detectors' findings (they do not need a KL)."""
-    result = config.reset_detector().judge(lineage)
+    result = config.detector_for(lineage).judge(lineage)
     if result.status == "error" or not config.findings:
         return result
     from .findings import run_findings  # the finding detectors load only when a scan runs them

@@ -168,9 +168,9 @@ def test_the_reset_threshold_still_governs_undeclared_boundaries():
     assert v.verdict == ("reference_reset" if v.score >= 1.0 else "inconclusive")
 
 
-def test_a_preference_trainer_without_kl_is_told_apart_and_its_implicit_rewards_named():
+def test_the_kl_detector_alone_names_a_preference_trainers_implicit_rewards():
     from klwatch.model import Segment, Series
-    from klwatch.pipeline import ScanConfig, build_lineages, judge_lineage
+    from klwatch.pipeline import ScanConfig, build_lineages
 
     steps = np.arange(1, 13)
     series = {name: Series(steps, np.linspace(0.0, 1.0, 12), steps * 1.0)
@@ -178,7 +178,8 @@ def test_a_preference_trainer_without_kl_is_told_apart_and_its_implicit_rewards_
                            "train/accuracy", "train/loss")}
     (lin,) = build_lineages([Segment(kind="mlflow", ref="r", source="s", run_id="r", name="dpo", series=series)],
                             config=ScanConfig())
-    result = judge_lineage(lin, config=ScanConfig())
+    result = ReferenceResetDetector().judge(lin)  # klwatch scan hands such a run to the preference detector
     assert result.status == "no_kl_metric"
     (msg,) = [f.message for f in result.findings if f.detector == "kl_metric"]
     assert "preference trainer" in msg and "chosen train/rewards_chosen_mean" in msg and "loss train/preference_loss" in msg
+    assert "PreferenceResetDetector" in msg

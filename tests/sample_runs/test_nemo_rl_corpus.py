@@ -9,10 +9,9 @@ or the resumed weights). Every expectation below is read from it:
 
 - whether klwatch scans the whole tree, one tracker's part of it, or one run's folder, every launch of a training
   run lands in exactly one lineage and no lineage holds two runs;
-- every GRPO boundary gets the manifest's verdict (``reference_reset`` where the reference was rebuilt from the
-  checkpoint), already 3 logged points after the resume; nothing else is flagged;
-- the DPO runs (no KL logged) are joined and their implicit-reward series named; their verdicts come with the
-  preference detector.
+- every boundary, GRPO (from its KL) and DPO (no KL logged: from its implicit rewards, by the preference
+  detector), gets the manifest's verdict (``reference_reset`` where the reference was rebuilt from the
+  checkpoint), already 3 logged points after the resume; nothing else is flagged.
 """
 
 from __future__ import annotations
@@ -33,10 +32,6 @@ CORPUS = REPO / "sample_runs" / "nemo_rl"
 
 def manifest() -> dict:
     return json.loads((CORPUS / "manifest.json").read_text())
-
-
-def grpo(doc: dict) -> dict:
-    return {**doc, "runs": [r for r in doc["runs"] if r["algorithm"] == "grpo"]}
 
 
 def rerooted(doc: dict, sub: str, *, trackers: tuple[str, ...]) -> dict:
@@ -91,24 +86,26 @@ def test_every_launch_in_one_lineage_and_no_two_runs_joined(whole_tree):
     assert not problems, "\n".join(problems)
 
 
-def test_every_grpo_boundary_judged_as_planted_and_nothing_else_flagged(whole_tree):
+def test_every_boundary_of_both_algorithms_judged_as_planted_and_nothing_else_flagged(whole_tree):
     _, report = whole_tree
-    doc = grpo(manifest())
+    doc = manifest()
     pairs, _ = pair_runs(doc, report)
     problems = verdict_problems(pairs) + no_false_alarm_problems(manifest(), report)
     assert len(pairs) == len(doc["runs"]) and not problems, "\n".join(problems)
 
 
-def test_dpo_runs_are_joined_and_their_implicit_rewards_named(whole_tree):
+def test_dpo_resets_are_judged_from_the_implicit_rewards_with_the_equal_policy_loss_named(whole_tree):
     _, report = whole_tree
     doc = {**manifest(), "runs": [r for r in manifest()["runs"] if r["algorithm"] == "dpo"]}
     pairs, problems = pair_runs(doc, report)
     assert doc["runs"] and len(pairs) == len(doc["runs"]) and not problems, problems
+    assert {run["expected_status"] for run, _ in pairs} == {"reference_reset", "ok"}
     for run, lin in pairs:
-        assert lin["status"] == "no_kl_metric" and [b["step"] for b in lin["boundaries"]] == \
-            [b["step"] for b in run["boundaries"]], run["id"]
-        said = " ".join(f["message"] for f in lin["findings"] if f["detector"] == "kl_metric")
-        assert "preference trainer" in said and "rewards_chosen_mean" in said and "rewards_rejected_mean" in said
+        assert lin["metric"] == "klwatch/implicit_reward_margin", run["id"]  # NeMo-RL logs chosen and rejected only
+        for b in lin["boundaries"]:
+            assert "implicit-reward margin" in b["explanation"].lower(), b
+            if b["verdict"] == "reference_reset":
+                assert "ln 2" in b["explanation"] and "accuracy 0" in b["explanation"], b["explanation"]
 
 
 @pytest.mark.parametrize(("sub", "trackers"), [("logs", ("wandb", "tensorboard")), ("mlflow", ("mlflow",))])
@@ -116,7 +113,7 @@ def test_each_trackers_part_alone_gives_the_same_runs_and_verdicts(whole_tree, s
     _, report = scan_json(CORPUS / sub)
     doc = rerooted(manifest(), sub, trackers=trackers)
     pairs, problems = pair_runs(doc, report)
-    problems += verdict_problems([(r, lin) for r, lin in pairs if r["algorithm"] == "grpo"])
+    problems += verdict_problems(pairs)
     assert len(pairs) == len(doc["runs"]) and not problems, "\n".join(problems)
 
 
@@ -150,8 +147,8 @@ def test_checkpoints_in_results_join_their_runs_from_the_whole_tree(whole_tree):
                     b["resumed_from_step"], (run["id"], b["step"])
 
 
-def test_grpo_verdicts_from_at_most_3_logged_points_after_each_resume(tmp_path: Path):
-    problems = cut_view_problems(grpo(manifest()), CORPUS, tmp_path)
+def test_verdicts_from_at_most_3_logged_points_after_each_resume(tmp_path: Path):
+    problems = cut_view_problems(manifest(), CORPUS, tmp_path)
     assert not problems, "\n".join(problems)
 
 
