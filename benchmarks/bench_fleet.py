@@ -2,6 +2,7 @@
 cache cold, warm and after 1% of the files grew; and a watch poll on a long growing run.
 
     python benchmarks/bench_fleet.py [--runs 100] [--steps 4000] [--no-tbparse] [--only scan|cache|watch]
+    python benchmarks/bench_fleet.py --only verdicts [--runs 400] [--steps 4000] [--seed 0] [--keep DIR]
 
 The fleet is written by this script (TFRecord framing and ``Event`` protobufs, as TensorBoard's
 writers frame them): ``runs`` runs of ``steps`` steps and five tags (KL penalty, loss, reward,
@@ -22,12 +23,28 @@ one tag per event. Every figure is measured in this run, on these files:
 
 Ratios are printed with their targets (scan >= 5x tbparse and <= 3x the bare loop; warm >= 20x
 cold; a poll on the long run costs about what it costs on the short one). Not a test.
+
+``--only verdicts`` (never part of the default run) measures the verdicts instead of the speed: a
+fleet of ``--runs`` (default 400) GRPO runs of ``--steps`` steps each, written by
+``sweep_resets.write_run`` (TRL-style ``train/kl``, ``train/loss``, ``train/reward``,
+``train/grad_norm``, ``train/learning_rate``, one event per logged step, one event file per launch;
+each run its own curve shape, noise level, lr schedule and clock). About 1/8 of the runs are buggy: one
+resume where the reference was rebuilt from the resumed weights, so the KL restarts from 0 along the
+run's own opening, the resumes spread evenly from 5% to 90% of the run, logged every 1, 10, 1 and 5
+steps in turn (an N-step point is the mean of the steps since the last log). The rest are healthy:
+0, 1 or 2 resumes (at 10-90%) where the KL continues, logged every 1, 1, 5 or 10 steps. One
+``klwatch scan ROOT --format json --jobs 2 --no-cache`` judges the fleet; printed: buggy runs flagged
+(``reference_reset`` at their resume) / buggy runs, healthy runs flagged (false alarms), healthy runs
+whose lineage rolls up as anything but ``ok`` (by status), the scan's wall time, and every miss and
+false alarm with its seed, resume step, logging interval and klwatch's verdict and explanation. Exit
+code 1 on any miss or false alarm.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -239,17 +256,102 @@ def bench_watch() -> None:
     print(f"  whole poll, 1M-step run / 10k-step run: {long[1] / short[1]:.1f}x (judging reads the whole run)")
 
 
+def verdict_fleet_specs(*, runs: int, steps: int, seed: int) -> list:
+    """The runs of ``--only verdicts``: every 8th buggy (resumes spread from 5% to 90%), the rest healthy."""
+    from sweep_resets import RunSpec
+
+    rng = np.random.default_rng([seed, 8])
+    buggy = set(range(0, runs, 8))
+    spread = iter(np.linspace(0.05, 0.90, len(buggy)))
+    specs = []
+    for r in range(runs):
+        run_seed = int(seed * 1_000_000 + 900_000 + r)
+        if r in buggy:
+            interval = (1, 10, 1, 5)[(r // 8) % 4]
+            c = int(round(next(spread) * steps))
+            if interval > 1:
+                c = max(2 * interval, c // interval * interval + (0 if (r // 8) % 8 < 4 else interval // 2))
+            resumes, resets, variant = [c], [c], "reset"
+        else:
+            interval = (1, 1, 5, 10)[r % 4]
+            count = r % 3
+            resumes = sorted(int(x) for x in rng.choice(np.arange(int(0.1 * steps), int(0.9 * steps)), count,
+                                                       replace=False)) if count else []
+            while any(b - a < max(20, 4 * interval) for a, b in zip(resumes, resumes[1:])):
+                resumes = sorted(int(x) for x in rng.choice(np.arange(int(0.1 * steps), int(0.9 * steps)), count,
+                                                           replace=False))
+            resets, variant = [], "healthy"
+        overshoot = [0 if rng.random() < 0.5 else int(rng.integers(1, 20)) for _ in resumes]
+        overshoot = [min(o, max(0, b - a - 1)) for o, a, b in zip(overshoot, resumes, resumes[1:] + [steps])]
+        specs.append(RunSpec(name=f"run{r:04d}", profile="fleet", kind="grpo", variant=variant, buggy=r in buggy,
+                             seed=run_seed, length=steps, interval=interval, resumes=resumes, resets=resets,
+                             overshoot=overshoot))
+    order = rng.permutation(runs)  # folder names say nothing about the run
+    for k, spec in zip(order, list(specs)):
+        spec.name = f"run{k:04d}"
+    return specs
+
+
+def bench_verdicts(*, runs: int, steps: int, seed: int, keep: Path | None) -> int:
+    import json
+
+    from sweep_resets import print_cases, score, write_run
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = keep or Path(tmp)
+        root = work / "fleet"
+        if root.exists():
+            shutil.rmtree(root)
+        root.mkdir(parents=True)
+        specs = verdict_fleet_specs(runs=runs, steps=steps, seed=seed)
+        t0 = time.perf_counter()
+        files = sum(len(write_run(root, s, lean=True, batched=True)) for s in specs)
+        gen = time.perf_counter() - t0
+        (work / "manifest.json").write_text(json.dumps([vars(s) for s in specs], indent=1))
+        nb = sum(s.buggy for s in specs)
+        print(f"\nverdicts: {runs} runs x {steps:,} steps ({nb} buggy, {runs - nb} healthy; {files} event files, "
+              f"written in {gen:.1f} s)", flush=True)
+        report = work / "report.json"
+        t0 = time.perf_counter()
+        done = subprocess.run([*KLWATCH, "scan", str(root), "--format", "json", "-o", str(report), "--jobs", "2",
+                               "--no-cache"], capture_output=True, text=True)
+        took = time.perf_counter() - t0
+        if done.returncode not in (0, 1, 3) or not report.exists():
+            raise SystemExit(f"klwatch scan failed ({done.returncode}): {done.stderr[-2000:]}")
+        res = score(specs, json.loads(report.read_text()))
+    not_ok = {k: v for k, v in res["healthy_status"].items() if k != "ok"}
+    print(f"  buggy runs flagged (reference_reset at the resume)   {res['caught']:>4} / {res['buggy']}"
+          f"   (inconclusive {res['buggy_inconclusive']}, ok {res['buggy_ok']}, "
+          f"no boundary {res['buggy_no_boundary']})")
+    print(f"  false alarms (healthy runs flagged; resets judged     {res['false_alarms']:>4} / {res['healthy']}")
+    print("    at another boundary of a buggy run included)")
+    print(f"  healthy runs rolled up as anything but ok            {sum(not_ok.values()):>4} / "
+          f"{res['healthy']}   {not_ok}")
+    print(f"  healthy boundaries: ok {res['healthy_ok']}, inconclusive {res['healthy_inconclusive']}, "
+          f"other {res['healthy_other']} (of {res['healthy_boundaries']})")
+    if res["merged_lineages"]:
+        print(f"  lineages joining several run folders: {res['merged_lineages']}")
+    print(f"  klwatch scan --jobs 2 (process, wall time)           {took:8.2f} s   (exit code {done.returncode})")
+    print_cases([res])
+    return 1 if res["caught"] < res["buggy"] or res["false_alarms"] else 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--runs", type=int, default=None, help="100; 400 with --only verdicts")
     parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--no-tbparse", action="store_true", help="skip tbparse (about a minute per layout)")
-    parser.add_argument("--only", choices=["scan", "cache", "watch"])
+    parser.add_argument("--only", choices=["scan", "cache", "watch", "verdicts"])
+    parser.add_argument("--seed", type=int, default=0, help="--only verdicts: the fleet's seed")
+    parser.add_argument("--keep", type=Path, help="--only verdicts: write (and keep) the fleet and its report here")
     parser.add_argument("--in-process-cache", nargs=2, metavar=("ROOT", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.in_process_cache:
         in_process_cache(Path(args.in_process_cache[0]), int(args.in_process_cache[1]))
         return
+    if args.only == "verdicts":
+        sys.exit(bench_verdicts(runs=args.runs or 400, steps=args.steps, seed=args.seed, keep=args.keep))
+    args.runs = args.runs or 100
     if args.only in (None, "scan"):
         bench_scan(runs=args.runs, steps=args.steps, tbparse=not args.no_tbparse)
     if args.only in (None, "cache"):
