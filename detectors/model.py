@@ -27,6 +27,7 @@ Evidence = Literal[
     "checkpoint",
     "declared",
     "model_from_checkpoint",
+    "starts_past_first_step",
 ]
 Verdict = Literal["reference_reset", "ok", "intentional", "inconclusive"]
 Status = Literal[

@@ -46,6 +46,7 @@ import numpy as np
 from .declarations import ReferenceSchedule, explain_boundary, reference_schedules, schedule_note
 from .detector import Detector
 from .metrics import preference_metrics
+from .post_side import STARTS_PAST_FIRST_STEP, PostSideConfig, late_opening
 from .snapshot_mark import SnapshotMarkConfig, snapshot_mark
 from .model import (Boundary, BoundaryVerdict, Finding, Lineage, LineageResult, Series, Verdict, cadence_of,
                     logging_interval)
@@ -152,6 +153,9 @@ class ReferenceResetConfig:
     snapshot: SnapshotMarkConfig = SnapshotMarkConfig()
     """The snapshot mark (a first point at the estimator's floor, then a regrowth retracing the opening),
     which decides a boundary the statistic leaves ``inconclusive`` (an early resume)."""
+    post_side: PostSideConfig = PostSideConfig()
+    """A launch whose logs start past the run's first step, at the floor, and regrow: a reset whose earlier
+    side is not in the logs (``klwatch.post_side``)."""
     mixup_depth_slack: float = 0.25
     """A declared sync mixing ``alpha`` of the policy leaves about (1 - alpha)^2 of the KL; a drop under
     this share of that is deeper than the sync explains and stays ``inconclusive``."""
@@ -690,8 +694,33 @@ class ReferenceResetDetector(Detector[ReferenceResetConfig]):
                 self._apply_declarations(v, schedules, before=_nearest_before(kl_pieces, b.piece_index),
                                          after=kl_pieces[b.piece_index])
             result.verdicts.append(v)
+        late = self._late_opening(lineage, kl_pieces, schedules, quantity="KL")
+        if late is not None:
+            result.verdicts.insert(0, late)
         result.status = roll_up(result.verdicts)
         return result
+
+    def _late_opening(self, lineage: Lineage, kl_pieces: Sequence[Series | None], schedules: list[ReferenceSchedule],
+                      *, quantity: str) -> BoundaryVerdict | None:
+        """The verdict at the first step of logs that start past the run's first step, when that launch opens at
+        the floor and regrows (``klwatch.post_side``): the launch before it is not in the logs."""
+        first = kl_pieces[0] if kl_pieces else None
+        if first is None or not len(first):
+            return None
+        mark = late_opening(first, cadence=logging_cadence(first), config=self.config.post_side)
+        if mark is None:
+            return None
+        resumed = mark.first_step - 1
+        evidence = [STARTS_PAST_FIRST_STEP] + (["checkpoint"] if resumed in lineage.checkpoint_steps else [])
+        b = Boundary(step=mark.first_step, resumed_from_step=resumed, evidence=evidence, piece_index=0)  # type: ignore[list-item]
+        declared = explain_boundary(schedules, step=b.step, resumed_from=resumed, last_before=None)
+        if declared is not None:
+            return BoundaryVerdict(b, "intentional", self.config.reset_score, None, mark.value,
+                                   f"{mark.describe(quantity)}; a reference update that is intentional: {declared.why}.")
+        return BoundaryVerdict(b, "reference_reset", self.config.reset_score, None, mark.value,
+                               f"{mark.describe(quantity)}: the reference policy was rebuilt from the resumed weights. "
+                               "Load the reference from the base model, not the checkpoint.",
+                               None, (mark.first_step, mark.first_step + self.config.window_after - 1))
 
     def _no_kl_metric(self, lineage: Lineage) -> LineageResult:
         """No KL to judge: say what was logged, so the user can name the KL with ``--metric``."""

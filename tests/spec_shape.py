@@ -8,7 +8,7 @@ KINDS = {"wandb-offline", "wandb-api", "mlflow", "tensorboard", "table", "checkp
 STATUSES = {"reference_reset", "ok", "intentional", "inconclusive", "no_kl_metric", "kl_disabled", "insufficient_data", "error"}
 EVIDENCE = {"new_tracker_run", "new_event_file", "step_rewind", "duplicate_steps", "time_gap", "runtime_reset",
             "checkpoint", "declared",
-            "model_from_checkpoint"}  # added (README, "Additions to the contract")
+            "model_from_checkpoint", "starts_past_first_step"}  # added (README, "Additions to the contract")
 VERDICTS = {"reference_reset", "ok", "intentional", "inconclusive"}
 
 
