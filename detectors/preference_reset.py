@@ -42,8 +42,9 @@ class PreferenceResetConfig(ReferenceResetConfig):
     """At a reset the chosen and rejected rewards each fall under this share of their level before."""
     informative_fraction: float = 0.25
     """A reward whose level before is under this share of the margin's is near 0 anyway: not read."""
-    loss_tolerance: float = 0.02
-    """A loss within this relative distance of its reference-equals-policy value is named as such."""
+    loss_tolerance: float = 0.002
+    """A loss within this relative distance of its reference-equals-policy value is named as such (the value is
+    exact at equality; a noisy loss passes near it by chance at a looser tolerance)."""
     equal_tolerance: float = 1e-3
     """Chosen and rejected rewards both under this share of their level before, at the first step after the
     checkpoint, are the rewards of a policy equal to its reference (exactly 0 in float arithmetic)."""
@@ -129,14 +130,13 @@ class PreferenceResetDetector(Detector[PreferenceResetConfig]):
         return result
 
     def confirms_reset(self, lineage: Lineage, boundary: Boundary) -> bool:
-        """Whether the margin says the reference was reset at ``boundary`` (how a pause earns its boundary)."""
+        """Whether the rewards say the reference was reset at ``boundary`` (how a pause earns its boundary). A
+        pause has no restart evidence, and a small-batch margin is noisy enough to fall and rise across one by
+        chance: only the equal-policy rewards (chosen and rejected both at 0 at the first step after it) do."""
         if not self.applies(lineage):
             return False
         names = preference_metrics(lineage.metric_names())
-        derived = self.with_margin(lineage)
-        if not self._statistic().confirms_reset(derived, boundary):
-            return False
-        return self._collapsed(derived, names, boundary)[0]
+        return self._equal_policy_rewards(self.with_margin(lineage), names, boundary) is not None
 
     def _statistic(self) -> ReferenceResetDetector:
         return ReferenceResetDetector(config=self.config, intentional_resets=self.intentional_resets)
@@ -148,8 +148,17 @@ class PreferenceResetDetector(Detector[PreferenceResetConfig]):
             return replace(v, verdict="reference_reset", score=max(v.score, self.config.reset_score), explanation=(
                 f"{why}: the reference policy was rebuilt from the resumed weights. Load the reference from the "
                 f"base model, not the checkpoint. {self._equal_policy_marks(lineage, names, v.boundary)}".strip()))
+        if v.verdict == "inconclusive" and v.score >= self.config.reset_score and \
+                (why := self._loss_back_at_equal_policy(lineage, names, v.boundary)):
+            v = replace(v, verdict="reference_reset", explanation=(
+                f"{why}: the reference policy was rebuilt from the resumed weights. Load the reference from the "
+                "base model, not the checkpoint."))
         if v.verdict != "reference_reset":
             return v
+        if (off := self._rewards_off_the_floor(lineage, names, v.boundary)) is not None:
+            return replace(v, verdict="inconclusive", explanation=(
+                f"The implicit-reward margin fell at the resume at step {v.boundary.step}, but {off}: a reference rebuilt "
+                "from the resumed weights gives exactly 0 there, so the fall is the margin's noise, not a reset."))
         collapsed, why = self._collapsed(lineage, names, v.boundary)
         if not collapsed:
             return replace(v, verdict="inconclusive", explanation=(
@@ -183,7 +192,8 @@ class PreferenceResetDetector(Detector[PreferenceResetConfig]):
             return None
         (c_pre, c_post), (r_pre, r_post) = sides  # type: ignore[misc]
         reset = b.resumed_from_step if b.resumed_from_step is not None else int(c_pre.steps[-1])
-        if int(c_post.steps[0]) != reset + 1 or int(r_post.steps[0]) != reset + 1 or min(len(c_post), len(r_post)) < 3:
+        if int(c_post.steps[0]) != reset + 1 or int(r_post.steps[0]) != reset + 1 or min(len(c_post), len(r_post)) < 3 \
+                or not _every_step(c_pre, c_post):
             return None
         k = self.config.equal_clear_points
         size = np.abs(c_pre.values[-k:]) + np.abs(r_pre.values[-k:]) if len(c_pre) == len(r_pre) else None
@@ -198,6 +208,47 @@ class PreferenceResetDetector(Detector[PreferenceResetConfig]):
         return (f"At step {reset + 1}, the first after the checkpoint of step {reset}, the chosen and rejected rewards "
                 f"were {c_post.values[0]:.3g} and {r_post.values[0]:.3g} (|sum| {level:.3g} before), the rewards of a "
                 "policy equal to its reference, and they move again from there")
+
+    def _rewards_off_the_floor(self, lineage: Lineage, names: Mapping[str, str], b: Boundary) -> str | None:
+        """What rules a reset out where the logs show the first step after the checkpoint: the rewards are computed
+        before that step's update, so a reference equal to the policy gives chosen and rejected exactly 0 there
+        (every micro-batch of an accumulated step too). Rewards clearly off 0 at that step: said; else None."""
+        sides = [_sides(lineage, names.get(q, ""), b) for q in ("chosen", "rejected")]
+        if any(s is None for s in sides):
+            return None
+        (c_pre, c_post), (r_pre, r_post) = sides  # type: ignore[misc]
+        reset = b.resumed_from_step if b.resumed_from_step is not None else int(c_pre.steps[-1])
+        if int(c_post.steps[0]) != reset + 1 or int(r_post.steps[0]) != reset + 1 or not _every_step(c_pre, c_post):
+            return None  # a window mean (N-step logging) is not the first step's value
+        level = _level(c_pre) + _level(r_pre)
+        first = abs(float(c_post.values[0])) + abs(float(r_post.values[0]))
+        if level <= 0 or first <= 10 * max(1e-9, self.config.equal_tolerance * level):
+            return None
+        return (f"at step {reset + 1}, the first after the checkpoint, the chosen and rejected rewards were "
+                f"{c_post.values[0]:.3g} and {r_post.values[0]:.3g}, not 0")
+
+    def _loss_back_at_equal_policy(self, lineage: Lineage, names: Mapping[str, str], b: Boundary) -> str | None:
+        """The loss's corroboration of a margin the statistic finds fallen (score past the reset threshold) but
+        too noisy to show its regrowth (small batches, window means): over the first ``window_after`` points the
+        margin stays under ``low_fraction`` of its level and the loss sits nearer its equal-policy value (ln 2
+        for sigmoid) than its level before, where a healthy resume carries both on. None otherwise."""
+        expected = equal_policy_loss(lineage.config)
+        loss_name = names.get("loss") or find_metric(lineage.metric_names(), family=LOSS)
+        margin, loss = _sides(lineage, lineage.kl_metric or "", b), _sides(lineage, loss_name or "", b)
+        if expected is None or margin is None or loss is None:
+            return None
+        n = self.config.window_after
+        if len(margin[1]) < n or len(loss[1]) < n:
+            return None
+        m_level, m_after = float(np.median(margin[0].values[-8:])), margin[1].values[:n]
+        l_level, l_after = float(np.median(loss[0].values[-8:])), float(np.median(loss[1].values[:n]))
+        if m_level <= 0 or np.any(m_after >= self.config.low_fraction * m_level):
+            return None
+        if abs(expected[0] - l_level) < 1e-9 or (l_after - l_level) / (expected[0] - l_level) < 0.5:
+            return None
+        return (f"The implicit-reward margin fell from {m_level:.3g} to {m_after[0]:.3g} at the resume at step {b.step} and "
+                f"stayed low, and the loss went back from {l_level:.3g} to {l_after:.3g}, toward {expected[0]:.4g} = "
+                f"{expected[1]}, its value when the policy equals its reference")
 
     def _equal_policy_marks(self, lineage: Lineage, names: Mapping[str, str], b: Boundary) -> str:
         """The loss and accuracy at the first step after the resume, named when they are the values a policy
@@ -225,6 +276,12 @@ class PreferenceResetDetector(Detector[PreferenceResetConfig]):
 def _status_after(result: LineageResult) -> str:
     """The run's status once verdicts were checked: a reset no verdict keeps any more is none."""
     return roll_up(result.verdicts) if result.status in ROLLED_UP else result.status
+
+
+def _every_step(before: Series, after: Series) -> bool:
+    """Whether both sides are logged every step (a boundary's ``resumed_from_step`` may be a guess of first - 1)."""
+    return len(before) >= 2 and len(after) >= 2 and int(before.steps[-1]) - int(before.steps[-2]) == 1 and \
+        int(after.steps[1]) - int(after.steps[0]) == 1
 
 
 def _level(s: Series) -> float:

@@ -84,8 +84,8 @@ def snapshot_mark(before: Series, after: Series, *, reset_step: int | None, open
         return None
     r = int(reset_step) if reset_step is not None else int(pre.steps[-1])
     first_step = int(post.steps[0])
-    if first_step != r + 1:  # logged at the first step after the checkpoint, or a window mean: no mark
-        return None
+    if first_step != r + 1 or int(post.steps[1]) != first_step + 1 or int(pre.steps[-1]) - int(pre.steps[-2]) != 1:
+        return None  # not logged every step at the first step after the checkpoint: a window mean, no mark
     # the run's own opening (its first step is at the floor too) is not in the window: at most half of it
     recent = np.abs(pre.values[-min(config.clear_points, max(config.min_points, len(pre) // 2)):])
     level = float(np.median(recent[-config.min_points:]))

@@ -81,14 +81,33 @@ def test_chosen_minus_rejected_is_the_margin_when_none_is_logged():
                                                - lin.pieces[0]["rewards/rejected"].values)
 
 
-def test_a_margin_falling_while_chosen_and_rejected_stay_put_is_not_a_reset():
-    lin = dpo_run(buggy=True)
+def _rewards_shifted(lin: Lineage, by: float) -> Lineage:
+    """The same margin collapse after the resume, but both rewards moved far from 0 together: not what a policy
+    equal to its reference logs."""
     after = lin.pieces[1]
-    # the same margin collapse, but both rewards far from 0: not what a policy equal to its reference logs
-    lin.pieces[1] = {**after, "rewards/chosen": Series(after["rewards/chosen"].steps, after["rewards/chosen"].values - 5.0),
-                     "rewards/rejected": Series(after["rewards/rejected"].steps, after["rewards/rejected"].values - 5.0)}
-    (v,) = PreferenceResetDetector().judge(lin).verdicts
+    lin.pieces[1] = {**after, **{k: Series(after[k].steps, after[k].values + by) for k in ("rewards/chosen", "rewards/rejected")}}
+    return lin
+
+
+def test_a_margin_falling_while_chosen_and_rejected_stay_put_is_not_a_reset():
+    (v,) = PreferenceResetDetector().judge(_rewards_shifted(dpo_run(buggy=True, every=5), -5.0)).verdicts
     assert v.verdict == "inconclusive" and "reward stayed at" in v.explanation
+
+
+def test_rewards_off_zero_at_the_first_step_after_the_checkpoint_rule_a_reset_out():
+    # logged every step, the first step after the checkpoint is computed before its update: a reset logs 0 there
+    (v,) = PreferenceResetDetector().judge(_rewards_shifted(dpo_run(buggy=True), -5.0)).verdicts
+    assert v.verdict == "inconclusive" and "not 0" in v.explanation
+
+
+def test_a_pause_inside_one_tracker_piece_is_confirmed_only_by_the_equal_policy_rewards():
+    buggy, healthy = dpo_run(buggy=True), dpo_run(buggy=False)
+    for lin in (buggy, healthy):
+        lin.boundaries[0].tentative = True
+    assert PreferenceResetDetector().confirms_reset(buggy, buggy.boundaries[0])
+    assert not PreferenceResetDetector().confirms_reset(healthy, healthy.boundaries[0])
+    sparse = dpo_run(buggy=True, every=5)  # a window mean is never the exact mark: no restart evidence, no boundary
+    assert not PreferenceResetDetector().confirms_reset(sparse, sparse.boundaries[0])
 
 
 def test_a_declared_reference_sync_is_intentional():
