@@ -44,12 +44,39 @@ def settled(page) -> None:
     page.wait_for_function("() => !document.querySelector('[data-testid=stStatusWidget]')", timeout=WAIT_MS)
 
 
+_GRID_SNAPSHOT = """() => {
+  const grid = document.querySelector('[data-testid=stDataFrame] table[role=grid]');
+  if (!grid) return null;
+  const text = (c) => c.innerText.trim();
+  const header = [...grid.querySelectorAll('thead th')].map(text);
+  const rows = [...grid.querySelectorAll('tbody tr')].map((tr) => [...tr.querySelectorAll('td')].map(text));
+  return {header, rows};
+}"""
+
+
+def _whole_grid(snapshot: dict | None) -> list[dict[str, str]] | None:
+    """The rows of one snapshot of the grid, or None when it was caught half-drawn (no header yet, or a
+    row with fewer cells than the header: Streamlit redraws the grid in place)."""
+    if not snapshot or not snapshot["header"]:
+        return None
+    header = snapshot["header"]
+    if any(len(cells) != len(header) for cells in snapshot["rows"]):
+        return None
+    return [dict(zip(header, cells)) for cells in snapshot["rows"]]
+
+
 def fleet_rows(page) -> list[dict[str, str]]:
-    """The fleet table as its accessible grid holds it (the visible grid is a canvas)."""
-    grid = page.locator("[data-testid=stDataFrame]").first.locator("table[role=grid]")
-    header = [c.inner_text().strip() for c in grid.locator("th").all()]
-    return [dict(zip(header, [c.inner_text().strip() for c in tr.locator("td").all()]))
-            for tr in grid.locator("tbody tr").all()]
+    """The fleet table as its accessible grid holds it (the visible grid is a canvas), read in one
+    step inside the page so a redraw cannot mix two renderings; a half-drawn grid is read again once
+    the page has settled, within the deadline."""
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while True:
+        settled(page)
+        rows = _whole_grid(page.evaluate(_GRID_SNAPSHOT))
+        if rows is not None:
+            return rows
+        assert time.monotonic() < deadline, "the fleet grid never finished drawing"
+        page.wait_for_timeout(250)  # a poll interval while the grid redraws
 
 
 def fleet_rows_when(page, ready, what: str) -> list[dict[str, str]]:
@@ -57,7 +84,6 @@ def fleet_rows_when(page, ready, what: str) -> list[dict[str, str]]:
     still be redrawing), within the deadline."""
     deadline = time.monotonic() + WAIT_MS / 1000
     while True:
-        settled(page)
         rows = fleet_rows(page)
         if ready(rows):
             return rows
