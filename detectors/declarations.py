@@ -252,6 +252,15 @@ def flatten(config: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
+def config_number(config: dict[str, Any], *, leaf: str) -> float | None:
+    """The finite number a run's config gives under a key whose last component is ``leaf`` (nested or
+    prefixed, a string as MLflow keeps params): the first such key, or None."""
+    for key, value in flatten(config).items():
+        if _leaf(key) == leaf.lower() and not key.lower().startswith(KLWATCH_PREFIX):
+            return _number(value)
+    return None
+
+
 def config_mentions(config: dict[str, Any], *, key: str, value: str) -> str | None:
     """The first flattened ``key=value`` of a run's config where the key's last component matches
     ``key`` and the value (as text) matches ``value``; None when there is none."""

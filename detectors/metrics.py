@@ -231,6 +231,11 @@ PREFERENCE_ACCURACY = MetricFamily(
 )
 PREFERENCE_LOSS = MetricFamily(names=("preference_loss", "train/preference_loss"), leaf=r"preference_loss")
 
+# The policy's own log-probs of the chosen and rejected answers, logged beside the rewards (TRL DPOTrainer): with
+# beta they give the reference's log-probs, log pi_ref = log pi - reward / beta (klwatch.reference_logps).
+CHOSEN_LOGPS = MetricFamily(names=("logps/chosen", "train/logps/chosen"), exclude=r"(val|eval|test|ref)")
+REJECTED_LOGPS = MetricFamily(names=("logps/rejected", "train/logps/rejected"), exclude=r"(val|eval|test|ref)")
+
 PREFERENCE_FAMILIES: dict[str, MetricFamily] = {
     "chosen": CHOSEN_REWARD, "rejected": REJECTED_REWARD, "margin": REWARD_MARGIN,
     "accuracy": PREFERENCE_ACCURACY, "loss": PREFERENCE_LOSS}

@@ -21,13 +21,16 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from .detector import Detector
-from .metrics import LOSS, find_metric, preference_metrics
+from .declarations import config_number, reference_schedules
+from .metrics import (CHOSEN_LOGPS, CHOSEN_REWARD, LOSS, REJECTED_LOGPS, REJECTED_REWARD, REWARD_MARGIN, find_metric,
+                      preference_metrics)
 from .model import Boundary, BoundaryVerdict, Lineage, LineageResult, Series
+from .reference_logps import ReferenceLogpsConfig, ReferenceShift, reference_shift
 from .reference_reset import ROLLED_UP, ReferenceResetConfig, ReferenceResetDetector, StreamingReferenceReset, roll_up
 
 DERIVED_MARGIN = "klwatch/implicit_reward_margin"
@@ -50,6 +53,16 @@ class PreferenceResetConfig(ReferenceResetConfig):
     checkpoint, are the rewards of a policy equal to its reference (exactly 0 in float arithmetic)."""
     equal_clear_points: int = 5
     """... where the run's rewards had left 0: none of this many last points before under 10x that."""
+    reference_logps: ReferenceLogpsConfig = field(default_factory=ReferenceLogpsConfig)
+    """How the reference's own log-probs are read where the policy's are logged (``klwatch.reference_logps``)."""
+
+
+def judged_quantity(metric: str | None) -> str:
+    """What a verdict's ``kl_before``/``kl_after`` measure, in words for a line: the KL, or for a preference
+    trainer the implicit-reward margin the preference detector judged."""
+    if metric and (metric == DERIVED_MARGIN or find_metric([metric], family=REWARD_MARGIN)):
+        return "margin"
+    return "KL"
 
 
 def equal_policy_loss(config: Mapping[str, object]) -> tuple[float, str] | None:
@@ -144,6 +157,8 @@ class PreferenceResetDetector(Detector[PreferenceResetConfig]):
     def _checked(self, v: BoundaryVerdict, lineage: Lineage, names: Mapping[str, str]) -> BoundaryVerdict:
         """The statistic's verdict in the margin's words; a reset also needs the rewards to have collapsed."""
         v = replace(v, explanation=_reworded(v.explanation))
+        if v.verdict in ("inconclusive", "reference_reset") and (shift := self._reference_shift(lineage, v.boundary)):
+            return self._read_shift(v, shift, lineage, names)
         if v.verdict == "inconclusive" and (why := self._equal_policy_rewards(lineage, names, v.boundary)):
             return replace(v, verdict="reference_reset", score=max(v.score, self.config.reset_score), explanation=(
                 f"{why}: the reference policy was rebuilt from the resumed weights. Load the reference from the "
@@ -166,6 +181,44 @@ class PreferenceResetDetector(Detector[PreferenceResetConfig]):
                 "equal to the policy takes both to 0, so this is not a reset's mark."))
         marks = self._equal_policy_marks(lineage, names, v.boundary)
         return replace(v, explanation=f"{v.explanation} {marks}".strip())
+
+    def _reference_shift(self, lineage: Lineage, b: Boundary) -> ReferenceShift | None:
+        """What the reference's own log-probs (``klwatch.reference_logps``) say at ``b``: read where the run logs
+        the policy's log-probs beside the rewards, all its launches declare one beta, and no reference sync is
+        declared (a sync moves them on purpose)."""
+        if self.intentional_resets or reference_schedules(lineage.config):
+            return None
+        betas = {config_number(c, leaf="beta") for c in [lineage.config, *(g.config for g in lineage.segments)] if c}
+        betas.discard(None)
+        if len(betas) != 1:
+            return None
+        names = lineage.metric_names()
+        logps, rewards = {}, {}
+        for answer, logp_family, reward_family in (("chosen", CHOSEN_LOGPS, CHOSEN_REWARD),
+                                                   ("rejected", REJECTED_LOGPS, REJECTED_REWARD)):
+            lp = _sides(lineage, find_metric(names, family=logp_family) or "", b)
+            rw = _sides(lineage, find_metric(names, family=reward_family) or "", b)
+            if lp is not None and rw is not None:
+                logps[answer], rewards[answer] = lp, rw
+        return reference_shift(logps, rewards, beta=betas.pop(), config=self.config.reference_logps)
+
+    def _read_shift(self, v: BoundaryVerdict, shift: ReferenceShift, lineage: Lineage,
+                    names: Mapping[str, str]) -> BoundaryVerdict:
+        """The verdict the reference's log-probs give: a rebuilt reference is a reset whatever the margin's
+        statistic left open; a kept one is ``ok`` where it was undecided and overrules a margin's fall."""
+        at, said = f"at step {v.boundary.step}", shift.describe()
+        if shift.reading == "rebuilt":
+            marks = self._equal_policy_marks(lineage, names, v.boundary)
+            return replace(v, verdict="reference_reset", score=max(v.score, self.config.reset_score), explanation=(
+                f"At the resume {at} {said}: the reference policy was rebuilt from the resumed weights. Load the "
+                f"reference from the base model, not the checkpoint. {marks}".strip()))
+        if v.verdict == "reference_reset":
+            return replace(v, verdict="inconclusive", explanation=(
+                f"The implicit-reward margin fell at the resume {at}, but {said}: the reference was not rebuilt, "
+                "so the fall is the margin's noise."))
+        return replace(v, verdict="ok", score=min(v.score, self.config.ok_score), explanation=(
+            f"At the resume {at} {said}: the reference was kept, and the implicit-reward margin carries on "
+            f"({v.kl_before:.3g} before, {v.kl_after:.3g} after)."))
 
     def _collapsed(self, lineage: Lineage, names: Mapping[str, str], b: Boundary) -> tuple[bool, str]:
         """Whether chosen and rejected rewards both fell to ~0 at ``b`` (each read only where its level
