@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .launch_config import model_move
-from .model import Boundary, Evidence, Segment, Series
+from .model import Boundary, Evidence, Lineage, Segment, Series
 
 
 RUNTIME_DROP_SECONDS = 1e-6
@@ -297,3 +297,26 @@ def _split_at_declared(pieces: list[Piece], boundaries: list[Boundary], step: in
                     b.piece_index += 1
             boundaries.append(Boundary(step=step, resumed_from_step=step - 1, evidence=["declared"], piece_index=k + 1))
             return
+
+
+def named_reset_step(lineage: Lineage, b: Boundary) -> int | None:
+    """The checkpoint step ``b`` resumed from when the logs name it, else None: a checkpoint folder at that
+    step, or the step before the first one logged after the resume (the pieces logged every step up to it, or
+    re-logged from it) where the tracker keeps every step the resumed process logs. A W&B run resumed under
+    its own id drops the steps it already has, so there an older checkpoint could hide behind them; a table
+    may be an export that dropped rows."""
+    if b.resumed_from_step is None:
+        return None
+    if "checkpoint" in b.evidence:
+        return int(b.resumed_from_step)
+    if b.step != b.resumed_from_step + 1 or not 0 < b.piece_index < len(lineage.piece_segments):
+        return None
+    ia, ib = lineage.piece_segments[b.piece_index], lineage.piece_segments[b.piece_index - 1]
+    if not (0 <= ia < len(lineage.segments) and 0 <= ib < len(lineage.segments)):
+        return None  # pieces without their tracker segments (a stream): nothing says what the tracker keeps
+    after, before = lineage.segments[ia], lineage.segments[ib]
+    if after.kind not in ("tensorboard", "mlflow", "wandb-offline", "wandb-api") or before.kind != after.kind:
+        return None
+    if after.kind.startswith("wandb") and (after.run_id is None or after.run_id == before.run_id):
+        return None
+    return int(b.resumed_from_step)

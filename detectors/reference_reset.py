@@ -43,11 +43,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .boundaries import named_reset_step
 from .declarations import ReferenceSchedule, explain_boundary, reference_schedules, schedule_note
 from .detector import Detector
 from .metrics import preference_metrics
 from .post_side import STARTS_PAST_FIRST_STEP, PostSideConfig, late_opening
-from .snapshot_mark import SnapshotMarkConfig, snapshot_mark
+from .snapshot_mark import SnapshotMarkConfig, off_the_floor, snapshot_mark
 from .model import (Boundary, BoundaryVerdict, Finding, Lineage, LineageResult, Series, Verdict, cadence_of,
                     logging_interval)
 from .stats import diff_noise, floored_log, t_logpdf
@@ -686,7 +687,8 @@ class ReferenceResetDetector(Detector[ReferenceResetConfig]):
         start = self.opening(kl_pieces, scale=scale)
         schedules = reference_schedules(lineage.config, cli_steps=self.intentional_resets)
         for b in lineage.boundaries:
-            v = self._verdict_at(kl_pieces, b, scale=scale, start=start, declared=self._declared(schedules, kl_pieces, b))
+            v = self._verdict_at(kl_pieces, b, scale=scale, start=start, declared=self._declared(schedules, kl_pieces, b),
+                                 named=named_reset_step(lineage, b))
             if v is None:
                 _unjudged(result, [b], "No KL logged on both sides of this boundary.")
                 continue
@@ -748,16 +750,17 @@ class ReferenceResetDetector(Detector[ReferenceResetConfig]):
         return None
 
     def _verdict_at(self, kl_pieces: Sequence[Series | None], b: Boundary, *, scale: float,
-                    start: Series | None, declared: bool = False) -> BoundaryVerdict | None:
+                    start: Series | None, declared: bool = False, named: int | None = None) -> BoundaryVerdict | None:
         """The statistic's verdict at ``b``. A boundary a declared schedule touches is judged at the
         detector's own reset threshold, not the user's: whether a declared reset is ``intentional``
-        must not change with ``--reset-score`` (at 1.0 it would otherwise read as no reset at all)."""
+        must not change with ``--reset-score`` (at 1.0 it would otherwise read as no reset at all).
+        ``named`` is the checkpoint step the logs name for ``b`` (``named_reset_step``), if any."""
         after, before = kl_pieces[b.piece_index], _nearest_before(kl_pieces, b.piece_index)
         if after is None or before is None:
             return None
         config = replace(self.config, reset_score=ReferenceResetConfig.reset_score) if declared else self.config
         return marked(judge_boundary(b, before, after, start=start, scale=scale, config=config),
-                      before, after, opening=start, config=config, quantity="KL")
+                      before, after, opening=start, config=config, quantity="KL", named=named)
 
     @staticmethod
     def _declared(schedules: list[ReferenceSchedule], kl_pieces: Sequence[Series | None], b: Boundary) -> bool:
@@ -776,7 +779,8 @@ class ReferenceResetDetector(Detector[ReferenceResetConfig]):
         if not len(finite) or not np.any(np.abs(finite) >= self.config.kl_off_tolerance):
             return False
         scale = typical_kl(finite)
-        v = self._verdict_at(kl_pieces, boundary, scale=scale, start=self.opening(kl_pieces, scale=scale))
+        v = self._verdict_at(kl_pieces, boundary, scale=scale, start=self.opening(kl_pieces, scale=scale),
+                             named=named_reset_step(lineage, boundary))
         return v is not None and v.verdict == "reference_reset"
 
     def _apply_declarations(self, v: BoundaryVerdict, schedules: list[ReferenceSchedule], *, before: Series | None,
@@ -811,15 +815,21 @@ class ReferenceResetDetector(Detector[ReferenceResetConfig]):
 
 
 def marked(v: BoundaryVerdict, before: Series, after: Series, *, opening: Series | None,
-           config: ReferenceResetConfig, quantity: str) -> BoundaryVerdict:
+           config: ReferenceResetConfig, quantity: str, named: int | None = None) -> BoundaryVerdict:
     """A verdict the statistic left ``inconclusive`` decided by the snapshot mark (``klwatch.snapshot_mark``):
-    the value at the estimator's floor at the first step after the checkpoint, then the opening retraced."""
+    the value at the estimator's floor at the first step after the checkpoint, then the opening retraced, is
+    a reset; a value far off that floor there (``off_the_floor``) is a kept reference."""
     if v.verdict != "inconclusive":
         return v
     mark = snapshot_mark(before, after, reset_step=v.boundary.resumed_from_step, opening=opening,
                          config=config.snapshot)
     if mark is None:
-        return v
+        off = off_the_floor(before, after, reset_step=named, opening=opening, config=config.snapshot)
+        if off is None:
+            return v
+        return replace(v, verdict="ok", score=min(v.score, config.ok_score), explanation=(
+            f"{quantity} was {off}: the reference was kept across the resume at step {v.boundary.step} "
+            f"({v.kl_before:.3g} before, {v.kl_after:.3g} after)."))
     return replace(v, verdict="reference_reset", score=max(v.score, config.reset_score), explanation=(
         f"{mark.describe(quantity)}: the reference policy was rebuilt from the resumed weights. "
         "Load the reference from the base model, not the checkpoint."))

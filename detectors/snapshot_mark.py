@@ -102,3 +102,31 @@ def snapshot_mark(before: Series, after: Series, *, reset_step: int | None, open
     if np.any(grown[grown_opening] < expected[grown_opening] / config.retrace_factor):
         return None
     return SnapshotMark(first, level, r, first_step)
+
+
+def off_the_floor(before: Series, after: Series, *, reset_step: int | None, opening: Series | None,
+                  config: SnapshotMarkConfig = SnapshotMarkConfig()) -> str | None:
+    """The converse of the mark, in words, or None: where the run's own first step shows the estimator at
+    its floor when policy equals reference, and the resume is logged at the very first step after a
+    checkpoint whose step the logs name (``reset_step``, never a guess: a tracker that drops re-logged
+    steps would hide an older one), a value there at half the level before or more cannot come from a
+    reference rebuilt at that checkpoint."""
+    pre, post = _finite(before), _finite(after)
+    start = _finite(opening) if opening is not None else None
+    if reset_step is None or start is None or not len(start) or int(start.steps[0]) > 1:
+        return None  # the run's own first step is not in the logs: the floor is unknown
+    if len(pre) < config.min_points or len(post) < 2:
+        return None
+    first_step = int(post.steps[0])
+    if first_step != int(reset_step) + 1 or int(post.steps[1]) != first_step + 1 \
+            or int(pre.steps[-1]) - int(pre.steps[-2]) != 1:
+        return None  # not logged every step at the first step after the checkpoint: a window mean
+    recent = np.abs(pre.values[-min(config.clear_points, max(config.min_points, len(pre) // 2)):])
+    level = float(np.median(recent[-config.min_points:]))
+    tol = max(config.floor_absolute, config.floor_fraction * level)
+    floor, first = float(start.values[0]), float(post.values[0])
+    if abs(floor) > tol or np.any(recent <= config.clear_factor * tol) or abs(first) < config.low_fraction * level:
+        return None
+    return (f"{first:.3g} at step {first_step}, the first step after the checkpoint of step {reset_step}, where a reference "
+            f"rebuilt from those weights gives the floor the run's own first step shows ({floor:.3g} at step "
+            f"{int(start.steps[0])})")

@@ -7,8 +7,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from klwatch.boundaries import BoundaryConfig, infer_boundaries, split_segment
-from klwatch.model import Segment, Series
+from klwatch.boundaries import BoundaryConfig, infer_boundaries, named_reset_step, split_segment
+from klwatch.model import Boundary, Lineage, Segment, Series
 
 CFG = BoundaryConfig()
 
@@ -227,3 +227,30 @@ def test_relogged_steps_skips_series_whose_steps_only_go_up_without_changing_its
         for step in u[c > 1]:
             counts[int(step)] = counts.get(int(step), 0) + 1
     assert relogged_steps(series) == {step for step, n in counts.items() if 2 * n > len(keyed)}
+
+
+def _two_launch_lineage(kind: str, run_ids: tuple[str | None, str | None], *, evidence: list[str],
+                        resumed_from: int | None = 10, first: int = 11) -> Lineage:
+    segs = [Segment(kind=kind, ref=f"part{k}", source=".", run_id=run_ids[k]) for k in range(2)]  # type: ignore[arg-type]
+    return Lineage(id="r", name="r", segments=segs, pieces=[{}, {}], piece_segments=[0, 1],
+                   boundaries=[Boundary(step=first, resumed_from_step=resumed_from, evidence=evidence, piece_index=1)])
+
+
+def test_a_checkpoint_folder_names_the_reset_step():
+    lin = _two_launch_lineage("wandb-offline", ("a", "a"), evidence=["checkpoint"])
+    assert named_reset_step(lin, lin.boundaries[0]) == 10
+
+
+def test_the_step_before_the_first_after_is_named_where_the_tracker_keeps_every_step():
+    for kind, ids in (("tensorboard", (None, None)), ("mlflow", ("m", "m")), ("wandb-offline", ("a", "b"))):
+        lin = _two_launch_lineage(kind, ids, evidence=["new_tracker_run"])
+        assert named_reset_step(lin, lin.boundaries[0]) == 10, kind
+
+
+def test_a_wandb_run_resumed_under_its_id_or_a_table_names_no_reset_step():
+    """W&B drops the steps a resumed run already has: an older checkpoint could hide behind them."""
+    for kind, ids in (("wandb-offline", ("a", "a")), ("table", (None, None))):
+        lin = _two_launch_lineage(kind, ids, evidence=["new_tracker_run"])
+        assert named_reset_step(lin, lin.boundaries[0]) is None, kind
+    lin = _two_launch_lineage("tensorboard", (None, None), evidence=["new_event_file"], resumed_from=None)
+    assert named_reset_step(lin, lin.boundaries[0]) is None

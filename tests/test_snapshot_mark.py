@@ -8,7 +8,7 @@ import pytest
 
 from klwatch.model import Boundary, Lineage, Series
 from klwatch.reference_reset import ReferenceResetDetector
-from klwatch.snapshot_mark import snapshot_mark
+from klwatch.snapshot_mark import off_the_floor, snapshot_mark
 
 
 def opening_kl(k: np.ndarray, *, tau: float) -> np.ndarray:
@@ -80,3 +80,55 @@ def test_no_opening_in_the_logs_gives_no_mark():
     before = Series(np.arange(1, 11), np.array(OPENING))
     after = Series(np.arange(11, 14), np.array([0.0, 0.01, 0.02]))
     assert snapshot_mark(before, after, reset_step=10, opening=None) is None
+
+
+# --- the converse: far off the floor at the first step after a named checkpoint -------------------------------
+
+
+def _off(pre: list[float], post: list[float], *, opening: list[float], first_post: int = 11,
+         reset_step: int | None = 10) -> str | None:
+    before = Series(np.arange(first_post - len(pre), first_post), np.array(pre))
+    after = Series(np.arange(first_post, first_post + len(post)), np.array(post))
+    return off_the_floor(before, after, reset_step=reset_step, opening=Series(np.arange(1, len(opening) + 1),
+                                                                              np.array(opening)))
+
+
+def test_a_kl_far_off_the_floor_right_after_a_named_checkpoint_rules_a_reset_out():
+    said = _off(OPENING, [0.1, 0.11, 0.1], opening=OPENING)
+    assert said is not None and "step 11" in said and "checkpoint of step 10" in said
+
+
+def test_off_the_floor_needs_the_run_to_open_at_the_floor():
+    """An estimator that is not at a floor when policy equals reference (verl's KL over several mini-batch
+    updates, a KL of generation-engine log-probs) says nothing by being off it."""
+    opening = [0.004] + OPENING[1:]
+    assert _off(opening, [0.1, 0.11, 0.1], opening=opening) is None
+
+
+def test_off_the_floor_needs_a_named_checkpoint_and_the_very_next_step():
+    assert _off(OPENING, [0.1, 0.11, 0.1], opening=OPENING, reset_step=None) is None
+    assert _off(OPENING, [0.1, 0.11, 0.1], opening=OPENING, reset_step=8) is None  # two steps later: regrown a bit
+
+
+def test_a_small_kl_after_the_checkpoint_is_not_off_the_floor():
+    """A reset's first point is at the floor, its next ones low: under half the level nothing is ruled out."""
+    assert _off(OPENING, [0.03, 0.05, 0.06], opening=OPENING) is None
+
+
+def test_a_window_mean_is_not_read_for_the_floor():
+    before = Series(np.arange(10, 101, 10), np.array(OPENING))
+    after = Series(np.array([110, 120, 130]), np.array([0.1, 0.11, 0.1]))
+    assert off_the_floor(before, after, reset_step=100, opening=before) is None
+
+
+def test_an_early_healthy_resume_off_the_floor_is_ok_and_the_buggy_twin_a_reset():
+    """Four points before the resume: too few for the regrowth statistic, but the first step after a named
+    checkpoint tells them apart (trl.RLOOTrainer's KL is exactly 0 at its own first step)."""
+    steps = np.arange(1, 9)
+    healthy = np.array([0.0, 0.31, 0.44, 1.41, 1.82, 1.07, 1.50, 1.62])
+    buggy = np.array([0.0, 0.31, 0.44, 1.41, 0.0, 0.29, 0.47, 0.9])
+    for kl, want in ((healthy, "ok"), (buggy, "reference_reset")):
+        lin = Lineage(id="r", name="r", segments=[], piece_segments=[0, 1], kl_metric="kl",
+                      pieces=[{"kl": Series(steps[:4], kl[:4])}, {"kl": Series(steps[4:], kl[4:])}],
+                      boundaries=[Boundary(step=5, resumed_from_step=4, evidence=["checkpoint"], piece_index=1)])
+        assert ReferenceResetDetector().judge(lin).status == want, (want, ReferenceResetDetector().judge(lin).verdicts)
