@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlencode, urlsplit, urlunsplit
 
 from .model import BoundaryVerdict, LineageResult
+from .preference_reset import judged_quantity
 from .redact import redact_spec, scrub, without_userinfo
 from .report import printable
 
@@ -109,7 +110,7 @@ def alert_line(alert: Alert, *, dashboard_url: str | None) -> str:
     since = f" (resumed from step {alert.resumed_from_step})" if alert.resumed_from_step is not None else ""
     link = dashboard_link(dashboard_url, alert.lineage_id)
     return printable(scrub(f"klwatch ALERT reference reset: run {alert.run} [{alert.lineage_id}] at step {alert.step}"
-                           f"{since}: KL {_g(alert.kl_before)} -> {_g(alert.kl_after)}, score {alert.score:.2f}"
+                           f"{since}: {judged_quantity(alert.metric)} {_g(alert.kl_before)} -> {_g(alert.kl_after)}, score {alert.score:.2f}"
                            + (f" {link}" if link else "")))
 
 
@@ -125,8 +126,8 @@ def slack_payload(alert: Alert, *, dashboard_url: str | None) -> dict[str, Any]:
     """A Slack-compatible body: ``text`` (notifications, plain receivers) and ``blocks`` (rich view)."""
     link = dashboard_link(dashboard_url, alert.lineage_id)
     since = str(alert.resumed_from_step) if alert.resumed_from_step is not None else "unknown"
-    text = (f":rotating_light: KL reference reset in run *{_mrkdwn(alert.run)}* at step {alert.step}: "
-            f"KL {_g(alert.kl_before)} -> {_g(alert.kl_after)} (score {alert.score:.2f})")
+    text = (f":rotating_light: {judged_quantity(alert.metric)} reference reset in run *{_mrkdwn(alert.run)}* at step {alert.step}: "
+            f"{judged_quantity(alert.metric)} {_g(alert.kl_before)} -> {_g(alert.kl_after)} (score {alert.score:.2f})")
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": "KL reference reset after a resume"}},
         {"type": "section", "text": {"type": "mrkdwn", "text": f"*{_mrkdwn(alert.run)}*\n{_mrkdwn(alert.explanation)}"},

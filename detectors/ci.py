@@ -22,6 +22,7 @@ from .cli_common import (CacheDirOpt, CacheSizeOpt, JunitOpt, NoCacheOpt, ScanOp
                          error_exit, open_cache, run_scan, say, with_scan_options, write_output)
 from .model import BoundaryVerdict, Finding, LineageResult, ScanResult
 from .pipeline import ScanConfig, scan
+from .preference_reset import judged_quantity
 from .redact import scrub
 from .reference_reset import ReferenceResetConfig
 from .report import (EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, escape_cell, exit_code, incomplete, junit_xml, printable,
@@ -96,7 +97,8 @@ def problem_line(p: Problem) -> str:
     if p.verdict is not None:
         v, b = p.verdict, p.verdict.boundary
         since = f" (resumed from step {b.resumed_from_step})" if b.resumed_from_step is not None else ""
-        return (f"{run}: reference reset at step {b.step}{since}: KL {_g(v.kl_before)} -> {_g(v.kl_after)}, "
+        what = judged_quantity(p.result.metric)
+        return (f"{run}: reference reset at step {b.step}{since}: {what} {_g(v.kl_before)} -> {_g(v.kl_after)}, "
                 f"score {v.score:.2f}")
     assert p.finding is not None
     at = f" at step {p.finding.step}" if p.finding.step is not None else ""
@@ -133,7 +135,7 @@ def github_annotation(p: Problem, *, clean: Callable[[str], str] = scrub) -> str
     passed through ``clean`` first: no secret)."""
     run = p.result.lineage.name
     if p.verdict is not None:
-        title = f"klwatch: KL reference reset in {run} at step {p.verdict.boundary.step}"
+        title = f"klwatch: {judged_quantity(p.result.metric)} reference reset in {run} at step {p.verdict.boundary.step}"
         message = f"{problem_line(p)}. {p.verdict.explanation}"
     else:
         assert p.finding is not None

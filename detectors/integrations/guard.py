@@ -1,11 +1,12 @@
 """The resume guard: the reference fingerprint and the streaming KL judge, inside the training process.
 
 Any framework calls it at two places: ``start`` at every launch, once its reference policy is built and
-before the first step; ``update`` for every logged KL point. ``start`` records the reference's
-fingerprint at the first launch and compares it at every resumed one (an exact check, before any
-compute is spent); ``update`` judges the first logged KL points after a resume with the detector
-``klwatch scan`` uses (``ReferenceResetDetector``'s streaming form), for when the reference cannot be
-seen. What a reset does is the caller's choice: warn, ask the loop to stop (``should_stop``), or raise.
+before the first step; ``update`` for every logged KL point (or, for a preference trainer that logs no KL,
+every logged step's implicit rewards). ``start`` records the reference's fingerprint at the first launch
+and compares it at every resumed one (an exact check, before any compute is spent); ``update`` judges the
+first logged points after a resume with the detector ``klwatch scan`` uses (``ReferenceResetDetector``'s
+streaming form, or ``PreferenceResetDetector``'s), for when the reference cannot be seen. What a reset
+does is the caller's choice: warn, ask the loop to stop (``should_stop``), or raise.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, Literal
 from ..declarations import reference_schedules
 from ..metrics import GUARD_REFERENCE_MATCH, GUARD_RESUME_RESET, GUARD_RESUME_SCORE
 from ..model import BoundaryVerdict
+from ..preference_reset import PreferenceResetConfig, PreferenceResetDetector
 from ..reference_reset import ReferenceResetDetector, StreamingReferenceReset
 from ..scan_cache import atomic_write
 from .reference import ReferenceCheck, ReferenceRecordError, Weights, compare, fingerprint, load_record, write_record
@@ -35,6 +37,18 @@ RESUME_RESET_METRIC = GUARD_RESUME_RESET
 RESUME_SCORE_METRIC = GUARD_RESUME_SCORE
 
 MAX_HISTORY_BYTES = 64 * 2**20
+
+Point = float | Mapping[str, float]
+"""What the guard judges at one logged step: the KL, or a preference trainer's logged metrics."""
+_HISTORY_KEY = {False: "kl", True: "metrics"}
+
+
+def _as_point(value: Point) -> float | dict[str, float]:
+    """A KL as a float; a preference trainer's metrics as a dict of their finite numbers."""
+    if isinstance(value, Mapping):
+        return {str(k): float(v) for k, v in value.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))}
+    return float(value)
 log = logging.getLogger("klwatch.guard")
 
 
@@ -90,6 +104,9 @@ class ResumeGuard:
     judges its first points against the earlier launches' without being handed them: for frameworks whose
     checkpoints do not hold the logged metrics (TRL's do: ``trainer_state.json``'s log history)."""
     name: str = "run"
+    preference: bool = False
+    """A preference trainer (DPO and kin) that logs no KL: ``update`` takes each logged step's implicit
+    rewards (a dict), judged by the preference detector with ``detector``'s thresholds."""
     detector: ReferenceResetDetector = field(default_factory=ReferenceResetDetector)
     events: list[GuardEvent] = field(default_factory=list)
     should_stop: bool = False
@@ -100,7 +117,9 @@ class ResumeGuard:
             raise ValueError(f"on_reset must be one of {', '.join(ON_RESET)}, not {self.on_reset!r}")
         self.record = Path(self.record)
         self.config = dict(self.config)
-        self._stream: StreamingReferenceReset = self.detector.stream(name=self.name, config=self.config)
+        judge = PreferenceResetDetector(config=PreferenceResetConfig(**vars(self.detector.config))) \
+            if self.preference else self.detector
+        self._stream: StreamingReferenceReset = judge.stream(name=self.name, config=self.config)
         self._resumed = False
 
     @property
@@ -113,7 +132,7 @@ class ResumeGuard:
         return bool(reference_schedules(self.config))
 
     def start(self, reference: Weights | None, *, step: int, source: str | None = None, revision: str | None = None,
-              history: Iterable[tuple[int, float]] = ()) -> GuardEvent | None:
+              history: Iterable[tuple[int, Point]] = ()) -> GuardEvent | None:
         """One launch, after the reference is built and before the first step.
 
         ``step`` is the step training goes on from (0 at the first launch); ``history`` the KL points
@@ -123,9 +142,9 @@ class ResumeGuard:
             if self.write:
                 self.history_file.parent.mkdir(parents=True, exist_ok=True)
             history = self._kept_history(upto=step) if not history else history
-        for s, kl in history:
+        for s, point in history:
             if s <= step:
-                self._stream.update(int(s), float(kl))
+                self._stream.update(int(s), _as_point(point))
         if step > 0 and self.judge_kl:
             self._stream.resume(resumed_from_step=step)
             self._resumed = True
@@ -158,24 +177,29 @@ class ResumeGuard:
                                check=check)
         return self._act(event)
 
-    def update(self, step: int, kl: float) -> GuardEvent | None:
-        """One logged KL point (a distance to the reference: flip one logged negated). Returns the latest
-        resume's verdict with the point that completes its window, None otherwise."""
-        if not self.judge_kl or kl is None or not math.isfinite(float(kl)):
+    def update(self, step: int, kl: Point) -> GuardEvent | None:
+        """One logged KL point (a distance to the reference: flip one logged negated), or for a preference
+        trainer the step's logged metrics. Returns the latest resume's verdict with the point that completes
+        its window, None otherwise."""
+        if not self.judge_kl or kl is None or (not isinstance(kl, Mapping) and not math.isfinite(float(kl))):
             return None
+        if isinstance(kl, Mapping) != self.preference:
+            raise TypeError("a preference guard takes each step's metrics as a dict, a KL guard one KL value")
+        point = _as_point(kl)
         if self.keep_history and self.write:
             with open(self.history_file, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps({"step": int(step), "kl": float(kl)}) + "\n")
-        verdict = self._stream.update(int(step), float(kl))
+                fh.write(json.dumps({"step": int(step), _HISTORY_KEY[self.preference]: point}) + "\n")
+        verdict = self._stream.update(int(step), point)  # type: ignore[arg-type]
         if verdict is None or not self._resumed:
             return None
         reset = verdict.verdict == "reference_reset"
         at = verdict.boundary.resumed_from_step
-        message = (f"klwatch: the KL after the resume from step {at} says {verdict.verdict} "
+        what = "implicit rewards" if self.preference else "KL"
+        message = (f"klwatch: the {what} after the resume from step {at} says {verdict.verdict} "
                    f"(score {verdict.score:.2f}): {verdict.explanation}")
         return self._act(GuardEvent(step=int(step), reset=reset, message=message, verdict=verdict))
 
-    def _kept_history(self, *, upto: int) -> list[tuple[int, float]]:
+    def _kept_history(self, *, upto: int) -> list[tuple[int, Point]]:
         """The KL points earlier launches kept, up to the step this one goes on from; the file is cut back
         to them, since the steps after it are trained again. Lines that do not parse are skipped."""
         path = self.history_file
@@ -184,17 +208,18 @@ class ResumeGuard:
         if path.stat().st_size > MAX_HISTORY_BYTES:
             log.warning("klwatch: %s is larger than %d bytes; the KL judge starts without it", path, MAX_HISTORY_BYTES)
             return []
-        points: list[tuple[int, float]] = []
+        key = _HISTORY_KEY[self.preference]
+        points: list[tuple[int, Point]] = []
         for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 rec = json.loads(line)
-                point = (int(rec["step"]), float(rec["kl"]))
-            except (ValueError, KeyError, TypeError):
+                point = (int(rec["step"]), _as_point(rec[key]))
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue
             if point[0] <= upto:
                 points.append(point)
         if self.write:
-            atomic_write(path, "".join(json.dumps({"step": s, "kl": v}) + "\n" for s, v in points).encode("utf-8"))
+            atomic_write(path, "".join(json.dumps({"step": s, key: v}) + "\n" for s, v in points).encode("utf-8"))
         return points
 
     def _act(self, event: GuardEvent) -> GuardEvent:

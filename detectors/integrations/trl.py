@@ -14,6 +14,9 @@ the resume it also judges the boundary as ``klwatch scan`` does. Each conclusion
 trackers (``klwatch/reference_match``, ``klwatch/resume_reset``, ``klwatch/resume_reset_score``) through
 the run's own reporting callbacks, so ``scan`` and the dashboard see it.
 
+A ``DPOTrainer`` logs no KL: its judge reads the implicit rewards (``rewards/chosen``, ``rewards/rejected``,
+``rewards/margins``) with the preference detector; with ``precompute_ref_log_probs`` there is no reference
+model to hash, and that judge alone guards the run. ``KTOTrainer`` and ``RLOOTrainer`` log ``kl``.
 ``sync_ref_model=True`` moves the reference by design: never a reset. ``beta=0`` has no reference: the
 guard stays off. ``on_reset="raise"`` stops before any step; ``"stop"`` sets ``should_training_stop``,
 which the Trainer honours at the end of the step in progress.
@@ -30,8 +33,8 @@ try:
 except ImportError as exc:  # pragma: no cover - the extra is missing
     raise ImportError("klwatch.integrations.trl needs transformers: pip install 'klwatch[trl]'") from exc
 
-from ..metrics import NEGATED_KL_METRICS, kl_candidates
-from .guard import GuardEvent, OnReset, ResumeGuard
+from ..metrics import NEGATED_KL_METRICS, kl_candidates, preference_metrics
+from .guard import GuardEvent, OnReset, Point, ResumeGuard
 from .reference import Weights
 
 RECORD_NAME = "klwatch_reference.json"
@@ -79,10 +82,21 @@ def default_record(args: Any) -> Path:
     return Path(args.output_dir) / name
 
 
+PREFERENCE_CONFIGS = ("DPOConfig",)
+"""TRL configs of trainers that log no KL but implicit rewards against a frozen reference."""
+
+
+def judges_preference(args: Any) -> bool:
+    """Whether a trainer with these arguments logs implicit rewards instead of a KL (TRL's DPO and its
+    subclasses)."""
+    return any(c.__name__ in PREFERENCE_CONFIGS for c in type(args).__mro__)
+
+
 def _run_config(args: Any) -> dict[str, Any]:
     """The training arguments the guard reads: declared reference updates (``sync_ref_model``, ...)."""
     try:
-        return {k: v for k, v in args.to_dict().items() if isinstance(v, (bool, int, float, str)) or v is None}
+        return {k: v for k, v in args.to_dict().items()
+                if isinstance(v, (bool, int, float, str)) or v is None or (k == "loss_type" and isinstance(v, list))}
     except Exception:  # noqa: BLE001 - an odd args object: no declarations
         return {}
 
@@ -98,7 +112,8 @@ class ResumeGuardCallback(TrainerCallback):
         """False for a run without a reference (``beta=0``): nothing to guard."""
         self.guard = ResumeGuard(record=Path(record) if record else default_record(args),
                                  on_reset=on_reset, config=_run_config(args), check_reference=check_reference,
-                                 judge_kl=judge_kl, name=str(getattr(args, "run_name", None) or "run"))
+                                 judge_kl=judge_kl, name=str(getattr(args, "run_name", None) or "run"),
+                                 preference=judges_preference(args) and kl_metric is None)
         self.kl_metric = kl_metric
         self._pending: dict[str, float] = {}
 
@@ -113,7 +128,7 @@ class ResumeGuardCallback(TrainerCallback):
         weights, source, revision = reference_weights(self.trainer)
         step = int(state.global_step)
         history = [(int(h["step"]), v) for h in state.log_history if "step" in h
-                   for v in [self._kl_of(h)] if v is not None]
+                   for v in [self._point_of(h)] if v is not None]
         event = self.guard.start(weights, step=step, source=source, revision=revision, history=history)
         self._handle(event, control)
         return control
@@ -121,12 +136,19 @@ class ResumeGuardCallback(TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> Any:
         if not self.enabled or not logs:
             return control
-        kl = self._kl_of(logs)
-        if kl is not None:
-            self._handle(self.guard.update(int(state.global_step), kl), control)
+        point = self._point_of(logs)
+        if point is not None:
+            self._handle(self.guard.update(int(state.global_step), point), control)
         if self._pending:
             self._emit(args, state, control)
         return control
+
+    def _point_of(self, logs: dict[str, Any]) -> Point | None:
+        """What the guard judges in one log: the KL, or a preference trainer's implicit rewards."""
+        if not self.guard.preference:
+            return self._kl_of(logs)
+        numbers = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        return numbers if preference_metrics(list(numbers)) else None
 
     def _kl_of(self, logs: dict[str, Any]) -> float | None:
         if self.kl_metric is None:
