@@ -1,5 +1,9 @@
 """Generate the real-TRL corpus: ``python -m sample_runs.trl_corpus.generate [--out DIR] [--scenarios a,b] [--quiet]``.
 
+``--corpus preference`` generates the preference-trainer corpus instead (``trl.DPOTrainer``, ``trl.KTOTrainer``,
+``trl.RLOOTrainer``; default out ``sample_runs/trl_preference``): see ``preference.py``. Without ``--corpus`` (or with
+``--corpus grpo``) this is the GRPO corpus described below.
+
 Every launch is its own process (``python -m sample_runs.trl_corpus.launch SPEC``) training with the real
 ``trl.GRPOTrainer`` on CPU and logging through the stock ``report_to`` callbacks (W&B offline, MLflow SQLite,
 TensorBoard). The manifest (``DIR/manifest.json``) is written from the result each process reports: the steps it
@@ -175,9 +179,10 @@ def output_dir_of(out: Path, work: Path, name: str) -> Path:
     return out / "tensorboard" / name
 
 
-def tracker_env(out: Path, name: str, sc: dict, i: int, first: dict | None) -> tuple[dict, list[str], str]:
+def tracker_env(out: Path, name: str, sc: dict, i: int, first: dict | None, *, project: str = WANDB_PROJECT,
+                experiment: str = MLFLOW_EXPERIMENT) -> tuple[dict, list[str], str]:
     lay = sc["layouts"]
-    env: dict = {"WANDB_PROJECT": WANDB_PROJECT, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
+    env: dict = {"WANDB_PROJECT": project, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
                  "WANDB_RUN_GROUP": None, "WANDB_RUN_ID": None, "WANDB_RESUME": None, "MLFLOW_RUN_ID": None,
                  "TENSORBOARD_LOGGING_DIR": None}
     report_to = ["tensorboard"]
@@ -195,7 +200,7 @@ def tracker_env(out: Path, name: str, sc: dict, i: int, first: dict | None) -> t
     if lay.get("mlflow"):
         report_to.append("mlflow")
         env["MLFLOW_TRACKING_URI"] = f"sqlite:///{out / 'mlflow' / 'mlflow.db'}"
-        env["MLFLOW_EXPERIMENT_NAME"] = MLFLOW_EXPERIMENT
+        env["MLFLOW_EXPERIMENT_NAME"] = experiment
         if lay["mlflow"] == "resume" and first is not None:
             env["MLFLOW_RUN_ID"] = first["mlflow_run_id"]
     if lay.get("tensorboard") == "same-folder":
@@ -303,7 +308,7 @@ def build_runs(done: dict, out: Path) -> list[dict]:
                            "kl_first_3_after": [kl_by_proc[i][s] for s in sorted(kl_by_proc[i])[:3]]})
     verdicts = {b["expected_verdict"] for b in boundaries}
     status = ("reference_reset" if "reference_reset" in verdicts else
-              "intentional" if "intentional" in verdicts else "ok")
+              "inconclusive" if "inconclusive" in verdicts else "intentional" if "intentional" in verdicts else "ok")
     seen: dict[int, int] = {}
     for k in kl_by_proc:
         for s in k:
@@ -361,9 +366,10 @@ def build_runs(done: dict, out: Path) -> list[dict]:
     return runs
 
 
-def prune(out: Path, done: list[dict]) -> None:
+def prune(out: Path, done: list[dict], scenarios: dict | None = None) -> None:
+    scenarios = SCENARIOS if scenarios is None else scenarios
     for d in done:
-        if SCENARIOS[d["name"]].get("flavour") == "verl" or not SCENARIOS[d["name"]]["layouts"].get("tensorboard"):
+        if scenarios[d["name"]].get("flavour") == "verl" or not scenarios[d["name"]]["layouts"].get("tensorboard"):
             continue
         output_dir = out / "tensorboard" / d["name"]
         resumed = {r["resumed_from_step"] for r in d["results"] if r["resumed_from_step"] is not None}
@@ -405,7 +411,17 @@ def versions() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--corpus", choices=("grpo", "preference"), default="grpo")
+    known, rest = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if known.corpus == "preference":
+        from sample_runs.trl_corpus import preference
+
+        return preference.main(rest)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus", choices=("grpo", "preference"), default="grpo",
+                    help="grpo (default): this corpus; preference: DPO/KTO/RLOO into sample_runs/trl_preference "
+                         "(see --corpus preference --help)")
     ap.add_argument("--out", default=str(DEFAULT_OUT))
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, from: " + ", ".join(SCENARIOS))
     ap.add_argument("--jobs", type=int, default=2, help="scenarios run in parallel (each launch is one process)")

@@ -2,10 +2,12 @@
 
 SPEC_JSON (a file path or an inline JSON object) says how this process builds the policy and the reference,
 where it resumes from, when it "crashes", and the tracker environment (``env``: WANDB_*, MLFLOW_*,
-TENSORBOARD_LOGGING_DIR) the stock Hugging Face callbacks read. The process trains with ``trl.GRPOTrainer``,
-reports through ``report_to`` and writes what it actually did to ``spec["result"]`` (JSON): the steps it logged
-with their KL, the checkpoints it saved, how its reference compares with the base model and with the resumed
-checkpoint, and the tracker pieces it wrote.
+TENSORBOARD_LOGGING_DIR) the stock Hugging Face callbacks read. The process trains with ``trl.GRPOTrainer``
+(``spec["trainer"]`` ``grpo``, the default) or with ``trl.DPOTrainer`` / ``trl.KTOTrainer`` / ``trl.RLOOTrainer``
+(``dpo`` / ``kto`` / ``rloo``: the preference corpus, see ``preference.py``), reports through ``report_to`` and
+writes what it actually did to ``spec["result"]`` (JSON): the steps it logged with their KL (and for the preference
+trainers their implicit rewards, accuracy and loss), the checkpoints it saved, how its reference compares with the
+base model and with the resumed checkpoint, and the tracker pieces it wrote.
 
 Policy and reference, per ``spec["model_from"]``:
 - ``base``: ``model=<base folder>``; a resume restores the checkpoint's weights, optimizer and scheduler through
@@ -16,7 +18,14 @@ Policy and reference, per ``spec["model_from"]``:
   is restored, the reference is the base with the adapter disabled (correct).
 - ``peft-checkpoint``: ``model=PeftModel.from_pretrained(base, checkpoint-N, is_trainable=True)`` without
   ``peft_config`` (continuing the saved adapter) plus ``resume_from_checkpoint``: TRL copies the loaded adapter
-  into a frozen ``ref`` adapter, so the reference is the resumed adapter (the reset).
+  into a frozen ``ref`` adapter, so the reference is the resumed adapter (the reset). DPOTrainer does the same
+  (dpo_trainer.py: ``model.add_adapter("ref", ...)`` and a copy of every ``.default.`` parameter into ``.ref.``,
+  used through ``use_adapter(model, "ref")`` for the reference log-probs).
+
+With ``precompute_ref_log_probs=True`` (DPO) there is no reference model at all: the reference log-probs of the whole
+dataset are computed once, inside the trainer's constructor, with the policy as it was built (``model=``), i.e.
+before ``train(resume_from_checkpoint=...)`` restores the checkpoint's weights; they are checked here against the
+base model and the checkpoint, weight for weight (the model that computed them) and log-prob for log-prob.
 
 A crash: after the checkpoint (``on_save``) or the log (``on_log``) of step ``crash_after`` the process flushes the
 trackers as an uncaught exception would (W&B ``finish(exit_code=1)``, MLflow run FAILED, TensorBoard flushed,
@@ -41,48 +50,14 @@ def _max_diff(state_a: dict, state_b: dict) -> float:
     return max(diffs) if diffs else float("nan")
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    spec = _load_spec(argv[0])
-    for k, v in spec.get("env", {}).items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = str(v)
-    # nothing reaches a network: no hub, W&B offline, no telemetry
-    for key, value in {
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "WANDB_MODE": "offline",
-        "WANDB_SILENT": "true",
-        "WANDB_CONSOLE": "off",
-        "WANDB_DISABLE_GIT": "true",
-        "WANDB_X_DISABLE_STATS": "true",
-        "WANDB_X_DISABLE_META": "true",
-        "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false",
-        "TOKENIZERS_PARALLELISM": "false",
-        "DISABLE_MLFLOW_INTEGRATION": "FALSE",
-    }.items():
-        os.environ.setdefault(key, value)
+# what a launch records of each log (the preference trainers' implicit rewards and accuracy among them)
+RECORDED = ("kl", "reward", "loss", "learning_rate", "entropy", "rewards/chosen", "rewards/rejected",
+            "rewards/margins", "rewards/accuracies", "logps/chosen", "logps/rejected", "grad_norm")
 
-    started_at = time.time()
-    import torch
-    from transformers import AutoModelForCausalLM, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
 
-    from sample_runs.trl_corpus.tiny_model import build_dataset, reward_good
-
-    torch.set_num_threads(1)
-    base = spec["base_model"]
-    resume = spec.get("resume_from")
-    model_from = spec.get("model_from", "base")
-    result: dict = {"index": spec.get("index", 0), "pid": os.getpid(), "started_at": started_at,
-                    "model_from": model_from, "resume_from": resume,
-                    "resumed_from_step": int(Path(resume).name.split("-")[-1]) if resume else None,
-                    "logged": [], "checkpoints_saved": [], "crashed": False}
-
-    args = GRPOConfig(
+def make_config(kind: str, spec: dict):
+    """The trainer's config from the launch spec (the same defaults as the GRPO corpus where they apply)."""
+    common = dict(
         output_dir=spec["output_dir"],
         run_name=spec.get("run_name"),
         report_to=spec.get("report_to", ["wandb", "mlflow", "tensorboard"]),
@@ -94,9 +69,6 @@ def main(argv: list[str] | None = None) -> int:
         lr_scheduler_type="constant",
         beta=spec.get("beta", 0.1),
         per_device_train_batch_size=spec.get("batch_size", 16),
-        num_generations=spec.get("num_generations", 8),
-        max_completion_length=6,
-        temperature=1.0,
         seed=spec.get("seed", 42),
         use_cpu=True,
         bf16=False,
@@ -107,36 +79,60 @@ def main(argv: list[str] | None = None) -> int:
         ref_model_sync_steps=spec.get("ref_model_sync_steps", 512),
         ref_model_mixup_alpha=spec.get("ref_model_mixup_alpha", 0.6),
         save_total_limit=None,
-        log_completions=False,
     )
+    if kind == "grpo":
+        from trl import GRPOConfig
 
-    peft_config = None
-    if model_from == "base":
-        model = base
-    elif model_from == "checkpoint":
-        model = resume
-    elif model_from == "peft-base":
-        from peft import LoraConfig
+        return GRPOConfig(**common, num_generations=spec.get("num_generations", 8), max_completion_length=6,
+                          temperature=1.0, log_completions=False)
+    if kind == "rloo":
+        from trl import RLOOConfig
 
-        model = base
-        # every linear layer but lm_head (TRL rejects an adapter on lm_head)
-        peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM",
-                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                 "down_proj"])
-    elif model_from == "peft-checkpoint":
-        from peft import PeftModel
+        return RLOOConfig(**common, num_generations=spec.get("num_generations", 8), max_completion_length=6,
+                          temperature=1.0, log_completions=False)
+    if kind == "dpo":
+        from trl import DPOConfig
 
-        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), resume, is_trainable=True)
-    else:
-        raise SystemExit(f"unknown model_from {model_from!r}")
+        return DPOConfig(**common, loss_type=spec.get("loss_type", "sigmoid"),
+                         precompute_ref_log_probs=spec.get("precompute_ref_log_probs", False))
+    if kind == "kto":
+        from trl import KTOConfig
 
-    from transformers import AutoTokenizer
+        return KTOConfig(**common, loss_type=spec.get("loss_type", "kto"))
+    raise SystemExit(f"unknown trainer {kind!r}")
 
-    processing_class = AutoTokenizer.from_pretrained(base, padding_side="left", truncation_side="left")
-    trainer = GRPOTrainer(model=model, reward_funcs=reward_good, args=args, train_dataset=build_dataset(),
+
+def make_trainer(kind: str, model, args, processing_class, peft_config):
+    from sample_runs.trl_corpus.tiny_model import (build_dataset, build_preference_dataset, build_unpaired_dataset,
+                                                   reward_good)
+
+    if kind == "grpo":
+        from trl import GRPOTrainer
+
+        return GRPOTrainer(model=model, reward_funcs=reward_good, args=args, train_dataset=build_dataset(),
+                           processing_class=processing_class, peft_config=peft_config)
+    if kind == "rloo":
+        from trl import RLOOTrainer
+
+        return RLOOTrainer(model=model, reward_funcs=reward_good, args=args, train_dataset=build_dataset(),
+                           processing_class=processing_class, peft_config=peft_config)
+    if kind == "dpo":
+        from trl import DPOTrainer
+
+        return DPOTrainer(model=model, args=args, train_dataset=build_preference_dataset(),
                           processing_class=processing_class, peft_config=peft_config)
+    if kind == "kto":
+        from trl import KTOTrainer
 
-    # --- what is the reference, really? -------------------------------------------------------------------
+        return KTOTrainer(model=model, args=args, train_dataset=build_unpaired_dataset(),
+                          processing_class=processing_class, peft_config=peft_config)
+    raise SystemExit(f"unknown trainer {kind!r}")
+
+
+def grpo_reference_check(trainer, base: str, resume: str | None, model_from: str) -> tuple[str, dict]:
+    """GRPO: the reference model against the base model and the resumed checkpoint (the GRPO corpus's check)."""
+    from transformers import AutoModelForCausalLM
+
     base_sd = AutoModelForCausalLM.from_pretrained(base).state_dict()
     ckpt_sd = None
     if resume and model_from in ("base", "checkpoint"):
@@ -167,12 +163,187 @@ def main(argv: list[str] | None = None) -> int:
         else:
             ref_check["how"] = "base model with the adapter disabled"
             reference_from = "base"
+    return reference_from, ref_check
+
+
+def _completion_logps(model, rows: list[dict], which: str) -> list[float]:
+    """Sum of log p(completion token | prefix) for ``prompt_ids + <which>_ids``, with a plain forward pass."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for row in rows:
+            prompt, completion = list(row["prompt_ids"]), list(row[f"{which}_ids"])
+            ids = torch.tensor([prompt + completion])
+            logps = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), dim=-1)
+            targets = ids[0, 1:]
+            per_token = logps.gather(-1, targets[:, None])[:, 0]
+            out.append(float(per_token[len(prompt) - 1:].sum()))
+    return out
+
+
+def _verdict(d_base: float, d_ckpt: float | None) -> str:
+    if d_base == 0.0:
+        return "base"
+    if d_ckpt is not None and d_ckpt == 0.0:
+        return "checkpoint"
+    return "other"
+
+
+def preference_reference_check(trainer, base: str, resume: str | None, model_from: str) -> tuple[str, dict]:
+    """DPO / KTO / RLOO: what the trainer really uses as its reference, compared weight for weight with the base
+    model and the resumed checkpoint (its full weights, or its saved adapter)."""
+    from accelerate.utils import is_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base_model = AutoModelForCausalLM.from_pretrained(base).eval()
+    base_sd = base_model.state_dict()
+    ckpt_model = ckpt_sd = None
+    if resume and model_from in ("base", "checkpoint"):
+        ckpt_model = AutoModelForCausalLM.from_pretrained(resume).eval()
+        ckpt_sd = ckpt_model.state_dict()
+    check: dict = {}
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    if trainer.ref_model is not None:
+        ref_sd = trainer.accelerator.unwrap_model(trainer.ref_model).state_dict()
+        check["how"] = "ref_model"  # built by the trainer from the policy's config._name_or_path
+        check["name_or_path"] = str(trainer.ref_model.config._name_or_path)
+        check["tensors_compared"] = len([k for k in ref_sd if k in base_sd])
+        check["max_abs_diff_to_base"] = _max_diff(ref_sd, base_sd)
+        if ckpt_sd is not None:
+            check["max_abs_diff_to_checkpoint"] = _max_diff(ref_sd, ckpt_sd)
+        if trainer.args.sync_ref_model:
+            check["note"] = "as built; SyncRefModelCallback overwrites it every ref_model_sync_steps"
+        return _verdict(check["max_abs_diff_to_base"], check.get("max_abs_diff_to_checkpoint")), check
+    if is_peft_model(policy):
+        adapters = list(policy.peft_config)
+        check["adapters"] = adapters
+        # the frozen weights under the adapters, named as in the plain model
+        under = {n.replace("base_model.model.", "", 1).replace(".base_layer.", "."): p.detach()
+                 for n, p in policy.named_parameters() if "lora_" not in n}
+        check["tensors_compared"] = len([k for k in under if k in base_sd])
+        check["base_layers_max_abs_diff_to_base"] = _max_diff(under, base_sd)
+        if "ref" not in adapters:
+            check["how"] = "adapter_disabled"  # no ref_model: the policy with its adapter disabled
+            return ("base" if check["base_layers_max_abs_diff_to_base"] == 0.0 else "other"), check
+        ref = {n.replace(".ref.", "."): p.detach() for n, p in policy.named_parameters() if ".ref." in n}
+        check["how"] = "ref_adapter"  # no ref_model: a frozen 'ref' adapter, a copy of the loaded adapter
+        check["ref_adapter_lora_B_abs_max"] = float(max(p.abs().max() for n, p in ref.items() if "lora_B" in n))
+        saved = Path(resume or "") / "adapter_model.safetensors"
+        if resume and saved.exists():
+            from safetensors.torch import load_file
+
+            ckpt_adapter = load_file(str(saved))
+            check["ref_adapter_tensors_compared"] = len([k for k in ref if k in ckpt_adapter])
+            check["ref_adapter_max_abs_diff_to_checkpoint_adapter"] = _max_diff(ref, ckpt_adapter)
+        if check["base_layers_max_abs_diff_to_base"] != 0.0:
+            return "other", check
+        if check["ref_adapter_lora_B_abs_max"] == 0.0:
+            return "base", check  # a zero LoRA B: the adapter is the identity, the reference is the base model
+        if check.get("ref_adapter_max_abs_diff_to_checkpoint_adapter") == 0.0:
+            return "checkpoint", check
+        return "other", check
+    # precompute_ref_log_probs=True: the reference exists only as the log-probs the constructor computed with the
+    # policy as it was built (train() has not restored any checkpoint yet)
+    policy_sd = policy.state_dict()
+    check["how"] = "precomputed"  # no ref_model: log-probs precomputed in the constructor by the policy as built
+    check["tensors_compared"] = len([k for k in policy_sd if k in base_sd])
+    check["max_abs_diff_to_base"] = _max_diff(policy_sd, base_sd)
+    if ckpt_sd is not None:
+        check["max_abs_diff_to_checkpoint"] = _max_diff(policy_sd, ckpt_sd)
+    ds = trainer.train_dataset
+    if "ref_chosen_logps" in ds.column_names:
+        rows = [ds[i] for i in range(min(8, len(ds)))]
+        stored = [r["ref_chosen_logps"] for r in rows] + [r["ref_rejected_logps"] for r in rows]
+        for label, model in (("base", base_model), ("checkpoint", ckpt_model)):
+            if model is not None:
+                mine = _completion_logps(model, rows, "chosen") + _completion_logps(model, rows, "rejected")
+                check[f"ref_logps_max_abs_diff_to_{label}"] = max(abs(a - b) for a, b in zip(stored, mine))
+        check["ref_logps_rows_compared"] = len(rows)
+        check["ref_chosen_logps_first"] = rows[0]["ref_chosen_logps"]
+    return _verdict(check["max_abs_diff_to_base"], check.get("max_abs_diff_to_checkpoint")), check
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = _load_spec(argv[0])
+    for k, v in spec.get("env", {}).items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = str(v)
+    # nothing reaches a network: no hub, W&B offline, no telemetry
+    for key, value in {
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_CONSOLE": "off",
+        "WANDB_DISABLE_GIT": "true",
+        "WANDB_X_DISABLE_STATS": "true",
+        "WANDB_X_DISABLE_META": "true",
+        "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false",
+        "TOKENIZERS_PARALLELISM": "false",
+        "DISABLE_MLFLOW_INTEGRATION": "FALSE",
+    }.items():
+        os.environ.setdefault(key, value)
+
+    started_at = time.time()
+    import torch
+    from transformers import AutoModelForCausalLM, TrainerCallback
+
+    torch.set_num_threads(1)
+    kind = spec.get("trainer", "grpo")
+    base = spec["base_model"]
+    resume = spec.get("resume_from")
+    model_from = spec.get("model_from", "base")
+    result: dict = {"index": spec.get("index", 0), "pid": os.getpid(), "started_at": started_at,
+                    "model_from": model_from, "resume_from": resume,
+                    "resumed_from_step": int(Path(resume).name.split("-")[-1]) if resume else None,
+                    "logged": [], "checkpoints_saved": [], "crashed": False}
+    if kind != "grpo":
+        result["trainer"] = kind
+    args = make_config(kind, spec)
+
+    peft_config = None
+    if model_from == "base":
+        model = base
+    elif model_from == "checkpoint":
+        model = resume
+    elif model_from == "peft-base":
+        from peft import LoraConfig
+
+        model = base
+        # every linear layer but lm_head (TRL rejects an adapter on lm_head)
+        peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM",
+                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                 "down_proj"])
+    elif model_from == "peft-checkpoint":
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), resume, is_trainable=True)
+    else:
+        raise SystemExit(f"unknown model_from {model_from!r}")
+
+    from transformers import AutoTokenizer
+
+    processing_class = AutoTokenizer.from_pretrained(base, padding_side="left", truncation_side="left")
+    trainer = make_trainer(kind, model, args, processing_class, peft_config)
+
+    # --- what is the reference, really? -------------------------------------------------------------------
+    if kind == "grpo":
+        reference_from, ref_check = grpo_reference_check(trainer, base, resume, model_from)
+    else:
+        reference_from, ref_check = preference_reference_check(trainer, base, resume, model_from)
     result["reference_from"] = reference_from
     result["reference_check"] = ref_check
 
     crash_after = spec.get("crash_after")
     state = {"tb": None}
     verl = VerlLogger(spec["verl"], spec, args, result) if spec.get("verl") else None
+    # the series that says "this step was logged": the KL, or for DPO (which logs no KL) the implicit reward margin
+    primary = "rewards/margins" if kind == "dpo" else "kl"
 
     def tracker_pieces() -> None:
         backends = set(args.report_to or []) | set((spec.get("verl") or {}).get("backends", []))
@@ -198,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def write_result() -> None:
         result["ended_at"] = time.time()
-        steps = [r["step"] for r in result["logged"] if "kl" in r]
+        steps = [r["step"] for r in result["logged"] if primary in r]
         result["first_step"] = min(steps) if steps else None
         result["last_step"] = max(steps) if steps else None
         tb_dir = result.get("tensorboard_dir")
@@ -241,9 +412,11 @@ def main(argv: list[str] | None = None) -> int:
             tracker_pieces()
             logs = logs or {}
             rec = {"step": st.global_step, "time": time.time()}
-            for k in ("kl", "reward", "loss", "learning_rate", "entropy"):
+            for k in RECORDED:
                 if k in logs:
                     rec[k] = float(logs[k])
+            if kind != "grpo" and "train_runtime" not in logs:
+                result["logged_keys"] = sorted(set(result.get("logged_keys", [])) | set(logs))
             if "train_runtime" in logs:
                 rec["summary"] = True
             result["logged"].append(rec)

@@ -72,3 +72,44 @@ def reward_good(completions, **kwargs) -> list[float]:
         words = c.split()
         out.append(sum(w == TARGET for w in words) / max(len(words), 1) if words else 0.0)
     return out
+
+
+# --- preference data (DPOTrainer, KTOTrainer) -------------------------------------------------------------------
+
+
+def _completion(rng, words: list[str], n: int) -> str:
+    # a leading space, so the tokenized prompt is a prefix of the tokenized prompt + completion
+    return " " + " ".join(rng.choice(words) for _ in range(n))
+
+
+def build_preference_dataset(n: int = 64, seed: int = 11):
+    """Paired preferences for ``DPOTrainer``: ``{"prompt", "chosen", "rejected"}``.
+
+    The chosen completion is 2-4 times the word ``good``, the rejected one 2-4 other words, so the implicit reward
+    margin ``beta * (log-ratio(chosen) - log-ratio(rejected))`` grows steadily from 0 as the policy learns."""
+    from datasets import Dataset
+
+    rng = random.Random(seed + 1)
+    others = [w for w in WORDS if w != TARGET]
+    ps = prompts(n, seed)
+    return Dataset.from_dict({"prompt": ps,
+                              "chosen": [_completion(rng, [TARGET], rng.randint(2, 4)) for _ in ps],
+                              "rejected": [_completion(rng, others, rng.randint(2, 4)) for _ in ps]})
+
+
+def build_unpaired_dataset(n: int = 64, seed: int = 11, per_batch: int = 4):
+    """Unpaired preferences for ``KTOTrainer``: ``{"prompt", "completion", "label"}``.
+
+    Three rows in every four are desirable (the completion is 2-4 times ``good``), the fourth undesirable (2-4 other
+    words), in a fixed pattern: KTOTrainer reads the data sequentially, so every batch holds the same mix and its KL
+    estimate (the policy-vs-reference log-ratio of completions paired with another row's prompt) grows smoothly."""
+    from datasets import Dataset
+
+    rng = random.Random(seed + 2)
+    others = [w for w in WORDS if w != TARGET]
+    ps = prompts(n, seed)
+    labels = [i % per_batch != per_batch - 1 for i in range(n)]
+    return Dataset.from_dict({"prompt": ps,
+                              "completion": [_completion(rng, [TARGET] if lab else others, rng.randint(2, 4))
+                                             for lab in labels],
+                              "label": labels})
