@@ -210,6 +210,57 @@ def tracker_env(out: Path, name: str, sc: dict, i: int, first: dict | None, *, p
     return env, report_to, run_name
 
 
+def fresh_out(out: Path, wandb_layouts: list[tuple[str | None, str | None]]) -> Path:
+    """Empty OUT's tracker folders and manifest (nothing else the user keeps there), make the W&B folder each
+    scenario's (layout, flavour) logs to and the MLflow folder, and return a fresh work folder under OUT."""
+    for sub in ("tensorboard", "wandb", "mlflow", "verl", "manifest.json"):
+        p = out / sub
+        shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+    work = out / ".work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    (out / "mlflow").mkdir(parents=True, exist_ok=True)
+    for layout, flavour in wandb_layouts:
+        if layout:
+            (out / "verl" / "wandb" if flavour == "verl" else out / "wandb" / layout).mkdir(parents=True, exist_ok=True)
+    return work
+
+
+def base_model(work: Path) -> Path:
+    """The tiny base model, built locally (no download) in its own process with the TRL interpreter."""
+    base = work / "base-model"
+    subprocess.run([trl_python(), "-c", "from sample_runs.trl_corpus.tiny_model import build_base_model;"
+                    f" build_base_model({str(base)!r})"], cwd=REPO, check=True, capture_output=True,
+                   env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
+    return base
+
+
+def mlflow_store(out: Path, experiments: tuple[str, ...]) -> None:
+    """Create the MLflow store and its experiments once, so parallel launches do not race on the schema migration."""
+    made = "; ".join(f"mlflow.set_experiment({e!r})" for e in experiments)
+    subprocess.run([trl_python(), "-c", f"import mlflow; mlflow.set_tracking_uri('sqlite:///{out / 'mlflow' / 'mlflow.db'}'); "
+                    + made], check=True, capture_output=True)
+
+
+def launch_once(spec: dict, work: Path, name: str, i: int) -> dict:
+    """Run launch ``i`` of scenario ``name`` as its own training process (``sample_runs.trl_corpus.launch``) from
+    ``spec``, keep its log in ``work``, and return the result it wrote; a launch that wrote none, or exited
+    otherwise than its crash plan says, is an error with the log's tail."""
+    spec_file = work / f"{name}.{i}.spec.json"
+    spec_file.write_text(json.dumps(spec, indent=1))
+    proc = subprocess.run([trl_python(), "-m", "sample_runs.trl_corpus.launch", str(spec_file)], cwd=work,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    (work / f"{name}.{i}.log").write_text(proc.stdout + proc.stderr)
+    res_file = Path(spec["result"])
+    if not res_file.exists():
+        raise RuntimeError(f"{name} launch {i} failed (rc {proc.returncode}); log: {work / f'{name}.{i}.log'}\n"
+                           + (proc.stdout + proc.stderr)[-3000:])
+    res = json.loads(res_file.read_text())
+    if proc.returncode != (1 if res["crashed"] else 0):
+        raise RuntimeError(f"{name} launch {i}: rc {proc.returncode}, crashed={res['crashed']}")
+    return res
+
+
 def run_scenario(name: str, out: Path, base: Path, work: Path, quiet: bool, gap: float) -> dict:
     sc = SCENARIOS[name]
     cfg = {**COMMON, **sc.get("overrides", {})}
@@ -227,19 +278,8 @@ def run_scenario(name: str, out: Path, base: Path, work: Path, quiet: bool, gap:
         spec = {**cfg, "index": i, "base_model": str(base), "output_dir": str(output_dir), "run_name": run_name,
                 "report_to": report_to, "model_from": model_from, "resume_from": resume, "crash_after": crash_after,
                 "env": env, "verl": verl, "result": str(work / f"{name}.{i}.result.json")}
-        spec_file = work / f"{name}.{i}.spec.json"
-        spec_file.write_text(json.dumps(spec, indent=1))
         t0 = time.time()
-        proc = subprocess.run([trl_python(), "-m", "sample_runs.trl_corpus.launch", str(spec_file)], cwd=work,
-                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-        (work / f"{name}.{i}.log").write_text(proc.stdout + proc.stderr)
-        res_file = Path(spec["result"])
-        if not res_file.exists():
-            raise RuntimeError(f"{name} launch {i} failed (rc {proc.returncode}); log: {work / f'{name}.{i}.log'}\n"
-                               + (proc.stdout + proc.stderr)[-3000:])
-        res = json.loads(res_file.read_text())
-        if proc.returncode != (1 if res["crashed"] else 0):
-            raise RuntimeError(f"{name} launch {i}: rc {proc.returncode}, crashed={res['crashed']}")
+        res = launch_once(spec, work, name, i)
         res["report_to"], res["run_name"], res["spec"] = report_to, run_name, spec
         results.append(res)
         kls = [r for r in res["logged"] if "kl" in r]
@@ -434,29 +474,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown scenarios {unknown}")
     out = Path(a.out).resolve()
-    for sub in ("tensorboard", "wandb", "mlflow", "verl", "manifest.json"):
-        p = out / sub
-        shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
-    work = out / ".work"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    (out / "mlflow").mkdir(parents=True, exist_ok=True)
-    for n in names:
-        lay = SCENARIOS[n]["layouts"].get("wandb")
-        if lay:
-            (out / "verl" / "wandb" if SCENARIOS[n].get("flavour") == "verl" else out / "wandb" / lay).mkdir(
-                parents=True, exist_ok=True)
+    work = fresh_out(out, [(SCENARIOS[n]["layouts"].get("wandb"), SCENARIOS[n].get("flavour")) for n in names])
     t0 = time.time()
-    base = work / "base-model"
-    subprocess.run([trl_python(), "-c", "import sys; from sample_runs.trl_corpus.tiny_model import build_base_model;"
-                    f" build_base_model({str(base)!r})"], cwd=REPO, check=True, capture_output=True,
-                   env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
+    base = base_model(work)
     if any(SCENARIOS[n]["layouts"].get("mlflow") for n in names):
-        # create the store and the experiment once, so parallel launches do not race on the schema migration
-        subprocess.run([trl_python(), "-c", "import mlflow; mlflow.set_tracking_uri("
-                        f"'sqlite:///{out / 'mlflow' / 'mlflow.db'}'); mlflow.set_experiment('{MLFLOW_EXPERIMENT}');"
-                        f" mlflow.set_experiment('{VERL_PROJECT}')"],
-                       check=True, capture_output=True)
+        mlflow_store(out, (MLFLOW_EXPERIMENT, VERL_PROJECT))
     say(a.quiet, f"generating {len(names)} scenarios into {out}")
     with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
         done = list(pool.map(lambda n: run_scenario(n, out, base, work, a.quiet, a.restart_gap), names))

@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import sqlite3
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -236,19 +234,8 @@ def run_scenario(name: str, out: Path, base: Path, work: Path, quiet: bool, gap:
                 "run_name": run_name, "report_to": report_to, "model_from": model_from, "resume_from": resume,
                 "crash_after": crash_after, "env": env, "verl": None,
                 "result": str(work / f"{name}.{i}.result.json")}
-        spec_file = work / f"{name}.{i}.spec.json"
-        spec_file.write_text(json.dumps(spec, indent=1))
         t0 = time.time()
-        proc = subprocess.run([g.trl_python(), "-m", "sample_runs.trl_corpus.launch", str(spec_file)], cwd=work,
-                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-        (work / f"{name}.{i}.log").write_text(proc.stdout + proc.stderr)
-        res_file = Path(spec["result"])
-        if not res_file.exists():
-            raise RuntimeError(f"{name} launch {i} failed (rc {proc.returncode}); log: {work / f'{name}.{i}.log'}\n"
-                               + (proc.stdout + proc.stderr)[-3000:])
-        res = json.loads(res_file.read_text())
-        if proc.returncode != (1 if res["crashed"] else 0):
-            raise RuntimeError(f"{name} launch {i}: rc {proc.returncode}, crashed={res['crashed']}")
+        res = g.launch_once(spec, work, name, i)
         res["report_to"], res["run_name"], res["spec"] = report_to, run_name, spec
         results.append(res)
         series = [r for r in res["logged"] if SERIES[kind] in r]
@@ -506,27 +493,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown scenarios {unknown}")
     out = Path(a.out).resolve()
-    for sub in ("tensorboard", "wandb", "mlflow", "manifest.json"):
-        p = out / sub
-        shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
-    work = out / ".work"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    (out / "mlflow").mkdir(parents=True, exist_ok=True)
-    for n in names:
-        lay = SCENARIOS[n]["layouts"].get("wandb")
-        if lay:
-            (out / "wandb" / lay).mkdir(parents=True, exist_ok=True)
+    work = g.fresh_out(out, [(SCENARIOS[n]["layouts"].get("wandb"), None) for n in names])
     t0 = time.time()
-    base = work / "base-model"
-    subprocess.run([g.trl_python(), "-c", "from sample_runs.trl_corpus.tiny_model import build_base_model;"
-                    f" build_base_model({str(base)!r})"], cwd=REPO, check=True, capture_output=True,
-                   env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
+    base = g.base_model(work)
     if any(SCENARIOS[n]["layouts"].get("mlflow") for n in names):
-        # create the store and the experiment once, so parallel launches do not race on the schema migration
-        subprocess.run([g.trl_python(), "-c", "import mlflow; mlflow.set_tracking_uri("
-                        f"'sqlite:///{out / 'mlflow' / 'mlflow.db'}'); mlflow.set_experiment('{MLFLOW_EXPERIMENT}')"],
-                       check=True, capture_output=True)
+        g.mlflow_store(out, (MLFLOW_EXPERIMENT,))
     say(a.quiet, f"generating {len(names)} preference scenarios into {out}")
     with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
         done = list(pool.map(lambda n: run_scenario(n, out, base, work, a.quiet, a.restart_gap), names))

@@ -27,36 +27,18 @@ if importlib.util.find_spec("trl") is None or importlib.util.find_spec("peft") i
 for _key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(_key, "1")
 
-import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from transformers.trainer_utils import get_last_checkpoint  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from klwatch.integrations import ReferenceResetError, ReferenceResetWarning  # noqa: E402
 from klwatch.integrations.trl import RECORD_NAME, guard_resumes  # noqa: E402
-from klwatch.reference_reset import ReferenceResetConfig  # noqa: E402
-from sample_runs.trl_corpus.tiny_model import build_base_model, build_dataset, reward_good  # noqa: E402
+from trl_training import LORA_TARGETS, SAVE, WINDOW, StepCounter, base  # noqa: E402,F401
+from sample_runs.trl_corpus.tiny_model import build_dataset, reward_good  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-SAVE = 6
-WINDOW = ReferenceResetConfig().window_after
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-@pytest.fixture(scope="module")
-def base(tmp_path_factory) -> Path:
-    torch.set_num_threads(1)
-    return build_base_model(tmp_path_factory.mktemp("tiny") / "base")
-
-
-class StepCounter(TrainerCallback):
-    """Counts the optimizer steps a launch takes."""
-
-    def __init__(self) -> None:
-        self.steps = 0
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.steps += 1
 
 
 def build(out: Path, base: Path, *, model_from: str = "base", resume: int | None = None, max_steps: int = SAVE,

@@ -24,34 +24,18 @@ if importlib.util.find_spec("trl") is None or importlib.util.find_spec("peft") i
 for _key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(_key, "1")
 
-import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from klwatch.integrations import ReferenceResetError, ReferenceResetWarning  # noqa: E402
 from klwatch.integrations.trl import guard_resumes  # noqa: E402
-from klwatch.reference_reset import ReferenceResetConfig  # noqa: E402
-from sample_runs.trl_corpus.tiny_model import (build_base_model, build_dataset, build_preference_dataset,  # noqa: E402
+from trl_training import LORA_TARGETS, SAVE, WINDOW, StepCounter, base  # noqa: E402,F401
+from sample_runs.trl_corpus.tiny_model import (build_dataset, build_preference_dataset,  # noqa: E402
                                                build_unpaired_dataset, reward_good)
 
-SAVE = 6
-WINDOW = ReferenceResetConfig().window_after
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 COMMON = dict(report_to="none", save_steps=SAVE, logging_steps=1, lr_scheduler_type="constant", seed=42, use_cpu=True,
               disable_tqdm=True, dataloader_num_workers=0)
 
 
-@pytest.fixture(scope="module")
-def base(tmp_path_factory) -> Path:
-    torch.set_num_threads(1)
-    return build_base_model(tmp_path_factory.mktemp("tiny") / "base")
-
-
-class StepCounter(TrainerCallback):
-    def __init__(self) -> None:
-        self.steps = 0
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.steps += 1
 
 
 def _model(base: Path, out: Path, model_from: str, resume: int | None):
