@@ -35,6 +35,18 @@ Status = Literal[
 ]
 
 
+MAX_STEP = 2 ** 53
+"""The largest step magnitude klwatch takes: past it a float step is no longer a whole number it can hold, and
+an int64 cast of something larger wraps to another number (1e30 became -9223372036854775808)."""
+
+
+def steps_out_of_range(values: np.ndarray) -> np.ndarray:
+    """Which of these step values (floats or ints) are not finite whole-number steps klwatch can hold."""
+    v = np.asarray(values, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        return ~(np.abs(v) <= MAX_STEP)
+
+
 @dataclass
 class Series:
     """One logged scalar, in the order it was logged (not sorted: a rewind shows as steps going back).

@@ -10,14 +10,14 @@ from __future__ import annotations
 import numpy as np
 
 from .metrics import STEP_AXIS_METRICS
-from .model import Segment, Series
+from .model import Segment, Series, steps_out_of_range
 
 
 def step_axis_metric(segment: Segment) -> str | None:
     for m in STEP_AXIS_METRICS:
         s = segment.series.get(m)
-        if s is not None and len(s) and np.all(np.isfinite(s.values)):
-            return m
+        if s is not None and len(s) and not np.any(steps_out_of_range(s.values)):
+            return m  # a global step that is not a step (inf, 1e30) is no axis: the tracker's step stays
     return None
 
 

@@ -60,7 +60,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ReadTimeoutError
 
-from ..model import Segment, Series, SourceError, SourceRead
+from ..model import Segment, Series, SourceError, SourceRead, steps_out_of_range
 from ..redact import basic_auth, redact_spec, redact_url, scrub
 from .limits import Budget, LimitExceeded, current_budget
 from .mlflow_local import PARENT_RUN_TAG, RUN_NAME_TAG, by_start_time, finite_or_nan, parse_param, run_segment
@@ -665,6 +665,7 @@ def _series(points: Points) -> Series:
     if not points:
         return Series(np.empty(0, np.int64), np.empty(0), np.empty(0))
     arr = np.array(points, dtype=np.float64)
+    arr = arr[~steps_out_of_range(arr[:, 2])]  # a step no int64 cast keeps (the server's own check is lax)
     order = np.argsort(arr[:, 0], kind="stable")  # the server's order is (timestamp, step, value)
     arr = arr[order]
     return Series(arr[:, 2].astype(np.int64), finite_or_nan(arr[:, 1]), arr[:, 0] / 1000.0)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np  # (pandas is imported where a table is parsed: a scan that reads no table never loads it)
 
-from ..model import Segment, Series
+from ..model import MAX_STEP, Segment, Series, steps_out_of_range
 from .limits import read_regular
 from .local import NotALog, ReadError
 
@@ -378,6 +378,11 @@ def _step_column(columns: dict[str, _Column], *, ref: str,
     if not step_col.numeric.any():
         raise ReadError(f"step column {step_name!r} holds no numbers")
     bad_step = step_col.numeric & ~np.isfinite(step_col.num)
+    huge = step_col.numeric & ~bad_step & steps_out_of_range(step_col.num)
+    if huge.any():
+        row = int(np.flatnonzero(huge)[0])
+        raise ReadError(f"step column {step_name!r} holds a step out of range ({step_col.raw[row]!r} at row {row + 1}; "
+                        f"steps must lie within +-{MAX_STEP:,})")
     finite_steps = step_col.num[step_col.numeric & ~bad_step]
     if len(finite_steps) and not np.all(finite_steps == np.round(finite_steps)):
         row = int(np.flatnonzero(step_col.numeric & (step_col.num != np.round(step_col.num)))[0])

@@ -44,7 +44,7 @@ import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
-from ..model import Segment, Series
+from ..model import Segment, Series, steps_out_of_range
 from .limits import current_budget, path_kind, read_regular
 from .local import ReadError
 from .resume import Resume
@@ -821,6 +821,7 @@ def _decode_rows(rows: list[bytes], *, strict: bool = False, prev: float = -1.0,
         return col
 
     step_col, time_col = per_row("_step"), per_row("_timestamp")
+    step_col[steps_out_of_range(step_col) & ~np.isnan(step_col)] = np.nan  # never cast to another number
     missing = np.isnan(step_col)
     if missing.any():  # rare: take the record's own step, else count on from the row before
         for r in range(nrows):
@@ -844,7 +845,8 @@ def _history_warnings(dropped: int, missing: int) -> list[str]:
     if dropped:
         warnings.append(f"{dropped} history records with a good CRC could not be decoded; skipped")
     if missing:
-        warnings.append(f"{missing} history rows have no _step; numbered from their neighbours")
+        warnings.append(f"{missing} history rows have no usable _step (none, or one beyond +-2**53); "
+                        "numbered from their neighbours")
     return warnings
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -297,3 +298,30 @@ def test_a_jsonl_line_nested_too_deeply_is_an_error_naming_the_line(tmp_path: Pa
     path.write_text('{"step": 1, "kl": 0.1}\n' + '{"a": ' * 100_000 + "1" + "}" * 100_000 + "\n")
     with pytest.raises(ReadError, match="line 2 is JSON nested too deeply to read"):
         read(path)
+
+
+@pytest.mark.parametrize("step", ["1e30", "-5e20", "1e17"])
+def test_a_step_out_of_range_is_a_named_error_not_another_number(tmp_path: Path, step: str) -> None:
+    """An int64 cast of 1e30 gives -9223372036854775808 (and numpy's raw RuntimeWarning): said instead, with
+    the value and its row; past 2**53 a float step is no whole number either."""
+    p = tmp_path / "run.csv"
+    p.write_text("step,kl\n" + "".join(f"{i},{0.01 * i}\n" for i in range(1, 30)) + f"{step},0.5\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ReadError, match=rf"step out of range \('{step}' at row 30"):
+            read_table(p, ref="run.csv", source=str(tmp_path))
+
+
+def test_a_run_beside_a_table_with_a_step_out_of_range_is_still_judged(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "bad.csv").write_text("step,kl\n1,0.1\n2,0.2\n1e30,0.3\n")
+    (tmp_path / "good.csv").write_text("step,kl\n" + "".join(f"{i},{0.01 * i}\n" for i in range(1, 30)))
+    out = subprocess.run([sys.executable, "-m", "klwatch.cli", "scan", str(tmp_path), "--format", "json", "--no-cache"],
+                         capture_output=True, text=True, timeout=120)
+    report = json.loads(out.stdout)
+    by_name = {lin["name"]: lin for lin in report["lineages"]}
+    assert by_name["good"]["status"] == "ok" and "out of range" in (by_name["bad.csv"]["error"] or "")
+    assert "RuntimeWarning" not in out.stderr and "-9223372036854775808" not in out.stdout + out.stderr
+    assert out.returncode == 3, out.returncode
