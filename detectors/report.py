@@ -59,9 +59,11 @@ def finite(x: float | None) -> float | None:
 # ------------------------------------------------------------------------------ text made valid
 
 _SURROGATES = re.compile(r"[\ud800-\udfff]")
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\ufffe\uffff]")
-"""Control characters (C0, DEL, C1), the Unicode line and paragraph separators, lone surrogates, and
-the two non-characters XML refuses."""
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\ufffe\uffff"
+                          r"\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
+"""Control characters (C0, DEL, C1), the Unicode line and paragraph separators, lone surrogates, the
+two non-characters XML refuses, and the invisible format characters: bidirectional controls (U+202E turns
+what follows around on screen: a name can read as another) and zero-width ones (two names that look alike)."""
 
 
 def _escaped(m: re.Match[str]) -> str:

@@ -311,3 +311,22 @@ def test_printable_leaves_no_github_workflow_command_in_a_line():
 
 def test_a_markdown_cell_has_no_link_or_image():
     assert escape_cell("![x](http://attacker/p.png) [y](javascript:z)") == "!\\[x\\](http://attacker/p.png) \\[y\\](javascript:z)"
+
+
+BIDI_NAME = "grpo-\u202eevil\u202c-\u200bbuggy\u2066x\u2069\ufeff"
+
+
+def test_printable_shows_bidi_and_zero_width_characters_as_escapes():
+    """U+202E turns what follows around on screen and U+200B makes two names look alike: neither is shown raw."""
+    assert printable(BIDI_NAME) == "grpo-\\u202eevil\\u202c-\\u200bbuggy\\u2066x\\u2069\\ufeff"
+    assert printable("zwj \u200d and lrm \u200e, alm \u061c") == "zwj \\u200d and lrm \\u200e, alm \\u061c"
+
+
+def test_no_face_shows_a_bidi_or_zero_width_character_of_a_run_name(logs):
+    result = scan_of(logs / "runs" / "grpo|buggy")
+    result.results[0].lineage.name = BIDI_NAME
+    buf = io.StringIO()
+    render_table(result, Console(file=buf, width=300, force_terminal=False))
+    for text in (render_markdown(result), buf.getvalue(), junit_xml(result)):
+        assert not re.search("[\u202a-\u202e\u2066-\u2069\u200b-\u200f\ufeff]", text), text[:500]
+        assert "\\u202e" in text
