@@ -277,7 +277,7 @@ class ScanCache:
         ``CacheUnusable`` saying why it cannot be used."""
         d = Path(directory).expanduser() if directory is not None else default_cache_dir()
         try:
-            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            private_mkdir(d)
             st = d.stat()
         except OSError as exc:
             raise CacheUnusable(f"cache folder {d}: {exc.strerror or exc}") from None
@@ -375,7 +375,7 @@ class ScanCache:
                 "warnings": list(got.warnings), "skipped": got.skipped, "resume": resume_meta}
         meta_path, cols_path = self._unit_paths(key)
         try:
-            meta_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            private_mkdir(meta_path.parent)
             _write_columns(cols_path, cols)
             atomic_write(meta_path, json.dumps(meta, allow_nan=False).encode("utf-8"))
         except (OSError, ValueError, TypeError):
@@ -446,7 +446,7 @@ class ScanCache:
 
         path = self.directory / kind / key[:2] / f"{key}.pickle"
         try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            private_mkdir(path.parent)
             atomic_write(path, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
         except (OSError, pickle.PicklingError, TypeError, AttributeError, RecursionError):
             return
@@ -589,7 +589,7 @@ class ReportMemo:
             return
         entry = '{"format": %d, "state": %s, "view": %s}' % (FORMAT, json.dumps(self.state), view)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            private_mkdir(self.path.parent)
             atomic_write(self.path, entry.encode("utf-8", "surrogatepass"))
         except OSError:
             return
@@ -802,6 +802,22 @@ def _code_version() -> str:
                  for p in sorted(package.rglob("*.py"))]
         _CODE.append(_key(sys.version, *stats))
     return _CODE[0]
+
+
+def private_mkdir(path: Path) -> None:
+    """Create ``path`` and each missing parent private (0700): ``mkdir(parents=True, mode=...)`` gives the
+    parents the umask's 0755, so sub-folders of the cache would be listable by every user."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:
+            pass  # made meanwhile by another process
 
 
 def atomic_write(path: Path, data: bytes) -> None:

@@ -104,7 +104,7 @@ def test_a_fixture_tree_with_errors_and_warnings_gives_the_same_report_on_worker
     assert [[(g.kind, g.ref, g.error) for g in s.segments] for s in forced.sources] == \
         [[(g.kind, g.ref, g.error) for g in s.segments] for s in here.sources]
     assert any("corrupt event file" in (g.error or "") for g in forced.sources[0].segments)
-    assert any("not a regular file" in w for w in forced.sources[0].warnings) or not hasattr(os, "mkfifo")
+    assert any("not a regular file" in e.message for e in forced.sources[0].errors) or not hasattr(os, "mkfifo")
 
 
 def test_jobs_2_on_the_command_line_writes_the_report_of_jobs_1() -> None:

@@ -287,6 +287,17 @@ def test_a_bad_cache_size_is_a_usage_error(tmp_path: Path) -> None:
     assert got.returncode == 2 and "--cache-size" in got.stderr and "not a size" in got.stderr
 
 
+def test_every_folder_the_cache_makes_is_private(tmp_path: Path, private_scan_cache: Path) -> None:
+    """Under the 0700 top folder, sub-folders made on the way (mkdir's parents) are 0700 too, whatever the umask."""
+    runs = tmp_path / "runs"
+    shutil.copytree(SAMPLES / "tensorboard", runs)
+    assert klwatch("scan", runs, "--format", "json").returncode in (0, 1)
+    folders = [private_scan_cache, *(p for p in private_scan_cache.rglob("*") if p.is_dir())]
+    assert len(folders) > 2
+    assert {str(p.relative_to(private_scan_cache)): oct(p.stat().st_mode & 0o777) for p in folders
+            if p.stat().st_mode & 0o077} == {}
+
+
 def test_check_reads_through_the_cache_too(tmp_path: Path, private_scan_cache: Path) -> None:
     a = klwatch("check", SAMPLES / "tensorboard")
     b = klwatch("check", SAMPLES / "tensorboard")

@@ -153,7 +153,8 @@ def discover(root: Path, *, spec: str, warnings: list[str] | None = None) -> tup
             return
         kind = path_kind(p)
         if kind is not None and kind != "a regular file":  # never opened: a FIFO would block, /dev/zero never ends
-            warnings.append(f"{_rel(p, base, spec)}: not a regular file ({kind}); skipped")
+            rel = _rel(p, base, spec)  # unread, so said as unreadable: a CI gate must not pass on it (exit 3)
+            errors.append(SourceError(spec, f"{rel}: not a regular file ({kind}); not read", ref=rel))
         elif name.startswith("events.out.tfevents"):
             found["tensorboard"].add(p)
         elif p.suffix in TABLE_SUFFIXES:

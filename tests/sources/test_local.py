@@ -462,7 +462,7 @@ def plant_fifos(root: Path) -> list[Path]:
     return fifos
 
 
-def test_fifos_named_like_inputs_are_skipped_with_a_warning_naming_each_and_nothing_blocks(
+def test_fifos_named_like_inputs_are_errors_naming_each_and_nothing_blocks(
         tmp_path: Path, write_tbx: TbWriter) -> None:
     fifos = plant_fifos(tmp_path)
     good = write_tbx(tmp_path / "good", KL)
@@ -472,13 +472,14 @@ def test_fifos_named_like_inputs_are_skipped_with_a_warning_naming_each_and_noth
     assert [s.ref for s in read.segments if s.kind == "tensorboard"] == [f"good/{good.name}"]
     for fifo in fifos[:-1]:  # each named, with what it is
         rel = str(fifo.relative_to(tmp_path))
-        assert f"{rel}: not a regular file (a FIFO); skipped" in read.warnings, (rel, read.warnings)
+        assert SourceError(str(tmp_path), f"{rel}: not a regular file (a FIFO); not read", ref=rel) in read.errors, \
+            (rel, read.errors)
     [ckpt] = [s for s in read.segments if s.kind == "checkpoints"]  # the checkpoint is read, its FIFO skipped
     assert ckpt.checkpoint_steps == [5]
     assert ckpt.warnings == ["ckpt/step_5/training_info.json: not a regular file (a FIFO); skipped"]
 
 
-def test_a_socket_and_a_symlink_to_dev_zero_named_like_inputs_are_skipped_not_read(
+def test_a_socket_and_a_symlink_to_dev_zero_named_like_inputs_are_not_read_and_count_as_unreadable(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_tbx: TbWriter) -> None:
     import socket
 
@@ -492,11 +493,11 @@ def test_a_socket_and_a_symlink_to_dev_zero_named_like_inputs_are_skipped_not_re
         read = read_within(str(tmp_path), [])
     finally:
         sock.close()
-    assert [s.kind for s in read.segments] == ["tensorboard"] and read.errors == []
-    assert sorted(read.warnings) == [
-        "events.out.tfevents.1700000000.zero: not a regular file (a character device); skipped",
-        "metrics.jsonl: not a regular file (a socket); skipped",
-        "zero.csv: not a regular file (a character device); skipped"]
+    assert [s.kind for s in read.segments] == ["tensorboard"]
+    assert sorted(e.message for e in read.errors) == [
+        "events.out.tfevents.1700000000.zero: not a regular file (a character device); not read",
+        "metrics.jsonl: not a regular file (a socket); not read",
+        "zero.csv: not a regular file (a character device); not read"]
 
 
 @pytest.mark.parametrize("name", ["events.out.tfevents.1700000000.host", "metrics.csv", "mlflow.db"])
@@ -657,3 +658,23 @@ def test_a_store_whose_schema_names_are_not_utf8_goes_to_the_mlflow_reader_not_a
     (tmp_path / "mlflow.db").write_bytes(data[:at] + b"table\xffetricsmetrics" + data[at + 19:])
     units, errors = discover(tmp_path, spec=str(tmp_path))
     assert [(u.kind, u.path.name) for u in units] == [("mlflow", "mlflow.db")] and errors == []
+
+
+def test_check_exits_3_not_0_when_a_file_named_like_an_input_could_not_be_read(tmp_path: Path) -> None:
+    """A CI gate must not pass while something was not read: a symlink to /dev/zero or a FIFO named like a
+    tracker file is unreadable (exit 3, the file named), unless a reset was found elsewhere (exit 1)."""
+    import subprocess
+    import sys
+
+    healthy = tmp_path / "healthy"
+    shutil.copytree(SAMPLES / "tensorboard" / "resume-fixed", healthy / "resume-fixed")
+    (healthy / "events.out.tfevents.1700000000.zero").symlink_to("/dev/zero")
+    os.mkfifo(healthy / "metrics.csv")
+    cmd = [sys.executable, "-m", "klwatch.cli", "check", "--no-cache"]
+    got = subprocess.run([*cmd, str(healthy)], capture_output=True, text=True, timeout=300)
+    assert got.returncode == 3, (got.returncode, got.stdout, got.stderr)
+    said = got.stdout + got.stderr
+    assert "events.out.tfevents.1700000000.zero: not a regular file (a character device)" in said, said
+    assert "metrics.csv: not a regular file (a FIFO)" in said, said
+    shutil.copytree(SAMPLES / "tensorboard" / "resume-buggy", healthy / "resume-buggy")
+    assert subprocess.run([*cmd, str(healthy)], capture_output=True, text=True, timeout=300).returncode == 1
