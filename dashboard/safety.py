@@ -27,6 +27,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from klwatch.redact import redact_spec
+from klwatch.report import bounded
 from klwatch.sources import split_pattern
 
 SOURCES_ENV = "KLWATCH_DASHBOARD_SOURCES"
@@ -56,8 +57,9 @@ _MD_LINE_START = re.compile(r"^(\s*)([+\-=]|\d+(?=[.)]))")
 
 def plain(text: object) -> str:
     """One line of text: control characters (newlines, ANSI escapes' ESC, bidi overrides, invisible joiners) become spaces,
-    so a value can neither start a new markdown block nor reorder what a reader sees."""
-    return _CONTROL.sub(" ", str(text))
+    so a value can neither start a new markdown block nor reorder what a reader sees; bounded as every face's
+    messages are (``klwatch.report.bounded``: a 100 MB column name shows its start and end)."""
+    return _CONTROL.sub(" ", bounded(str(text)))
 
 
 def md(text: object) -> str:

@@ -13,7 +13,7 @@ import base64
 import os
 import re
 from collections.abc import Callable, Iterable
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, quote_plus, unquote, urlsplit, urlunsplit
 
 SECRET_ENV = ("WANDB_API_KEY", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_USERNAME",
               "DATABRICKS_TOKEN", "HF_TOKEN", "GITHUB_TOKEN")
@@ -122,11 +122,60 @@ def spec_secrets(spec: str) -> list[str]:
     return sorted(shown, key=len, reverse=True)
 
 
+SECRET_WINDOW = 8
+"""A secret at least this long is masked wherever any run of this many of its characters shows up (a server
+that echoes the first 14 characters of a token has echoed a part of it that narrows the rest)."""
+
+
+def echo_forms(value: str) -> set[str]:
+    """The forms a server, a library or a header may echo a secret in: as is, percent-encoded (``quote`` and
+    ``quote_plus``), base64 (standard, URL-safe, padded or not) and the base64 it makes inside a longer string
+    (each of the three alignments, ends trimmed); case is ignored where they are matched."""
+    raw = value.encode("utf-8", "surrogateescape")
+    forms = {value, quote(value, safe=""), quote_plus(value, safe="")}
+    for pad in (b"", b"\0", b"\0\0"):
+        for enc in (base64.b64encode(pad + raw).decode(), base64.urlsafe_b64encode(pad + raw).decode()):
+            forms.update((enc, enc.rstrip("=")) if not pad else (enc[4:-4],))
+    return {f for f in forms if len(f) >= MIN_SECRET_LENGTH}
+
+
+def _windows(values: Iterable[str]) -> set[str]:
+    return {f[i:i + SECRET_WINDOW].lower() for v in values if len(v) >= SECRET_WINDOW
+            for f in echo_forms(v) for i in range(len(f) - SECRET_WINDOW + 1)}
+
+
+def masker(values: Iterable[str]) -> Callable[[str], str]:
+    """What masks ``values`` in a text, built once for many texts: each in every form it may be echoed in
+    (``echo_forms``, any case), longest first, and every stretch holding ``SECRET_WINDOW`` characters of a
+    long one's forms masked whole."""
+    values = list(values)
+    forms = sorted({f for v in values for f in echo_forms(v)}, key=len, reverse=True)
+    whole = re.compile("|".join(map(re.escape, forms)), re.I) if forms else None
+    grams = _windows(values)
+
+    def mask(text: str) -> str:
+        if whole is None:
+            return text
+        text = whole.sub(MASK, text)
+        if not grams or len(text) < SECRET_WINDOW:
+            return text
+        low, covered = text.lower(), []
+        for i in range(len(text) - SECRET_WINDOW + 1):
+            if low[i:i + SECRET_WINDOW] in grams:
+                if covered and i <= covered[-1][1]:
+                    covered[-1][1] = i + SECRET_WINDOW
+                else:
+                    covered.append([i, i + SECRET_WINDOW])
+        for start, end in reversed(covered):
+            text = text[:start] + MASK + text[end:]
+        return text
+
+    return mask
+
+
 def _mask(text: str, values: Iterable[str]) -> str:
-    """``text`` with every one of ``values`` (longest first) replaced by the mask."""
-    for value in values:
-        text = text.replace(value, MASK)
-    return text
+    """``text`` with ``values`` masked (``masker``)."""
+    return masker(values)(text)
 
 
 def scrub(text: str, secrets: Iterable[str] = ()) -> str:
@@ -153,10 +202,10 @@ def redactor(specs: Iterable[str]) -> Callable[[str], str]:
     """What makes any text of a scan of ``specs`` safe to show: each SOURCE's credentials
     (``spec_secrets``) and the environment's masked, and the userinfo of any URL removed. Built once
     per output (the environment is read then), applied to every string it shows."""
-    values = sorted({v for s in specs for v in spec_secrets(s)} | set(env_secrets()), key=len, reverse=True)
+    mask = masker({v for s in specs for v in spec_secrets(s)} | set(env_secrets()))
 
     def clean(text: str) -> str:
-        text = _mask(text, values)
+        text = mask(text)
         return _USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", text) if "@" in text else text
 
     return clean

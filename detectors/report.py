@@ -85,12 +85,51 @@ _CI_COMMAND = re.compile(r"^(\s*):(?=:)")
 """A leading ``::`` (after any spaces): what starts a GitHub workflow command on a log line."""
 
 
+MESSAGE_LIMIT = 4096
+"""The most any one message, name or field may take in any output, counted as shown: a character a face
+shows as an escape counts as its longest escape (``\\uNNNN``: 6, ``&amp;``: 5, a backslash before
+punctuation: 2)."""
+
+
+def _shown_cost(c: str) -> int:
+    if _UNPRINTABLE.match(c):
+        return 6
+    return 5 if c in "&<>" else 2 if c in _ESCAPED_PUNCTUATION else 1
+
+
+_ESCAPED_PUNCTUATION = set("\\\"'|[]*_`#!%:,")
+_ELIDED = " ... [{n:,} characters elided] ... "
+
+
+def bounded(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``text`` whole when it fits ``limit`` (``MESSAGE_LIMIT``), else its start (where a message names its
+    file) and its end with the middle elided, saying how much: a 100 MB column name or a 10,000-level path
+    costs a few KB in every output, never its size."""
+    if len(text) * 6 <= limit:
+        return text
+    costs = [_shown_cost(c) for c in text] if len(text) <= 16 * limit else None
+    total = sum(costs) if costs is not None else len(text) * 6
+    if costs is not None and total <= limit:
+        return text
+    room = limit - len(_ELIDED.format(n=len(text))) - 6
+    head, tail, used = 0, 0, 0
+    cost = (lambda i: costs[i]) if costs is not None else (lambda i: _shown_cost(text[i]))
+    while head < len(text) and used + cost(head) <= room * 3 // 4:
+        used += cost(head)
+        head += 1
+    while tail < len(text) - head and used + cost(len(text) - 1 - tail) <= room:
+        used += cost(len(text) - 1 - tail)
+        tail += 1
+    return text[:head] + _ELIDED.format(n=len(text) - head - tail) + (text[len(text) - tail:] if tail else "")
+
+
 def printable(text: str, *, keep: str = "") -> str:
     """``text`` with control characters and lone surrogates shown as escapes (``keep`` lists control
     characters to leave, e.g. newlines in a message body), so one name cannot break a table, an XML
     file or a terminal line, nor become a CI command: GitHub's runner takes a legacy ``##[command]``
     anywhere in a line (shown ``##\\[``) and ``::command::`` at its start (its first ``:`` shown
     ``\\x3a``). Already printable text comes back unchanged."""
+    text = bounded(text)
     if keep:
         text = _UNPRINTABLE.sub(lambda m: m.group() if m.group() in keep else _escaped(m), text)
     else:
@@ -101,8 +140,9 @@ def printable(text: str, *, keep: str = "") -> str:
 def secret_free(result: ScanResult) -> Callable[[str], str]:
     """What every face passes a scan's text through before showing it: the credentials of its
     SOURCEs (userinfo, query values) and of the environment masked, any URL's userinfo removed
-    (``klwatch.redact``). A local path is shown as given."""
-    return redactor([s.spec for s in result.sources])
+    (``klwatch.redact``), then ``bounded``. A local path is shown as given."""
+    clean = redactor([s.spec for s in result.sources])
+    return lambda text: bounded(clean(text))
 
 
 def clean_strings(obj: Any, clean: Callable[[str], str]) -> Any:

@@ -5,11 +5,11 @@ credentials a scan was given, on the command line or in the environment."""
 from __future__ import annotations
 
 import base64
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import pytest
 
-from klwatch.redact import (MASK, env_secrets, redact_spec, redact_url, redactor, scrub, spec_secrets,
+from klwatch.redact import (MASK, env_secrets, masker, redact_spec, redact_url, redactor, scrub, spec_secrets,
                             without_userinfo)
 
 
@@ -73,3 +73,15 @@ def test_the_environments_basic_auth_header_is_a_secret_too(monkeypatch):
 
 def test_a_link_keeps_its_query_but_loses_its_userinfo():
     assert without_userinfo("https://u:pw@dash.example.com/?page=runs") == "https://dash.example.com/?page=runs"
+
+
+def test_a_secret_is_masked_in_every_form_it_may_be_echoed_in_and_nothing_else_is():
+    secret = "s3cr3t-Token-0123456789"
+    mask = masker([secret])
+    header = base64.b64encode(f"bob:{secret}".encode()).decode()  # inside a longer base64 string
+    for shown in (secret, secret.upper(), quote(secret, safe=""), base64.b64encode(secret.encode()).decode(),
+                  secret[:14], secret[7:15], header):
+        masked = mask(f"server said <{shown}> twice: {shown}")
+        assert masked.count("***") >= 2, (shown, masked)
+        assert not any(secret[i:i + 8].lower() in masked.lower() for i in range(len(secret) - 7)), masked
+    assert mask("the run grpo-buggy resumed at step 40") == "the run grpo-buggy resumed at step 40"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 from pathlib import Path
 from xml.etree import ElementTree as ET
@@ -15,7 +16,7 @@ from rich.console import Console
 
 from klwatch.model import Finding, ScanResult
 from klwatch.pipeline import ScanConfig, scan
-from klwatch.report import (EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, EXIT_USAGE, boundary_dict, escape_cell, exit_code,
+from klwatch.report import (EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, EXIT_USAGE, boundary_dict, bounded, escape_cell, exit_code,
                             json_safe, json_text, junit_xml, printable, render_markdown, render_table, round_sig, rows,
                             to_dict, to_json, valid_unicode)
 from spec_shape import check_report
@@ -330,3 +331,57 @@ def test_no_face_shows_a_bidi_or_zero_width_character_of_a_run_name(logs):
     for text in (render_markdown(result), buf.getvalue(), junit_xml(result)):
         assert not re.search("[\u202a-\u202e\u2066-\u2069\u200b-\u200f\ufeff]", text), text[:500]
         assert "\\u202e" in text
+
+
+def test_bounded_keeps_a_short_text_and_elides_the_middle_of_a_long_one_saying_how_much():
+    assert bounded("people.csv: no step column") == "people.csv: no step column"
+    long = "people.csv: columns " + "x" * 100_000 + " end"
+    cut = bounded(long)
+    assert cut.startswith("people.csv: columns xxx") and cut.endswith("x end") and len(cut) <= 4096
+    assert "characters elided" in cut
+    nul = "f.csv: " + "\x00" * 50_000
+    assert len(printable(nul)) <= 4096 and len(json.dumps(bounded(nul))) <= 4096
+
+
+def test_every_message_in_every_output_is_bounded_whatever_a_table_header_holds(tmp_path):
+    """A 2 MB header of NUL bytes and a 100,000-column header: each output line and JSON string stays
+    under 4 KB, the file named at its start."""
+    import subprocess
+    import sys
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "people.csv").write_bytes(b"\x00" * 2_000_000 + b"\n")
+    (runs / "wide.csv").write_text(",".join(f"col{i}" for i in range(100_000)) + "\n1\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    summary = out / "summary.md"
+    env = {**os.environ, "GITHUB_STEP_SUMMARY": str(summary), "GITHUB_ACTIONS": "true"}
+    cli = [sys.executable, "-m", "klwatch.cli"]
+    scan = subprocess.run([*cli, "scan", str(runs), "--no-cache", "-f", "json", "-o", str(out / "r.json"),
+                           "--junit", str(out / "j.xml")], capture_output=True, text=True, timeout=300, env=env)
+    md = subprocess.run([*cli, "scan", str(runs), "--no-cache", "-f", "markdown"], capture_output=True, text=True,
+                        timeout=300, env=env)
+    check = subprocess.run([*cli, "check", str(runs), "--no-cache"], capture_output=True, text=True, timeout=300,
+                           env=env)
+    assert scan.returncode == md.returncode == check.returncode == 2, (scan.returncode, check.returncode)
+
+    def strings(o):
+        if isinstance(o, str):
+            yield o
+        elif isinstance(o, dict):
+            for k, v in o.items():
+                yield k
+                yield from strings(v)
+        elif isinstance(o, list):
+            for v in o:
+                yield from strings(v)
+
+    report = json.loads((out / "r.json").read_text())
+    assert max(len(json.dumps(s)) for s in strings(report)) <= 4096
+    texts = [scan.stderr, md.stdout, md.stderr, check.stdout, check.stderr, (out / "j.xml").read_text()]
+    texts += [summary.read_text()] if summary.exists() else []
+    for text in texts:
+        assert max(map(len, text.splitlines()), default=0) <= 4096 + 64, max(map(len, text.splitlines()))
+    said = scan.stderr + check.stdout + check.stderr
+    assert "people.csv" in said and "wide.csv" in said

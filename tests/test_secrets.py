@@ -263,3 +263,38 @@ def test_a_hostile_run_name_is_inert_everywhere(outputs: dict[str, str]) -> None
         lines = [ln for ln in text.split("\n") if ln.lstrip().startswith("::")]
         assert all(ln.startswith("::error title=klwatch") for ln in lines), (name, lines)
     assert "\x1b]52" not in outputs["progress terminal"] and "\x1b]8;;http" not in outputs["progress terminal"]
+
+
+# --- a secret echoed back in another form (issue 24, 4) ------------------------------------------------------
+
+ECHO_TOKEN = "tok-9f8e7d6c5b4a3921-planted"
+
+
+def _echo_forms_of_the_token() -> dict[str, str]:
+    import urllib.parse
+
+    return {"percent-encoded": urllib.parse.quote(ECHO_TOKEN, safe=""), "first 14": ECHO_TOKEN[:14],
+            "base64": base64.b64encode(ECHO_TOKEN.encode()).decode(), "upper-cased": ECHO_TOKEN.upper(),
+            "8 in the middle": ECHO_TOKEN[6:14]}
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("form", list(_echo_forms_of_the_token()))
+def test_a_token_echoed_back_in_another_form_is_masked_in_every_output(tmp_path, form: str) -> None:
+    echoed = _echo_forms_of_the_token()[form]
+
+    def answer(req, conn, stop) -> None:
+        hs.send_json(conn, 400, {"error_code": "BAD_REQUEST", "message": f"token was <{echoed}>"})
+
+    with hs.HostileServer(answer) as server:
+        env = {**os.environ, "MLFLOW_TRACKING_TOKEN": ECHO_TOKEN}
+        env.pop("MLFLOW_TRACKING_URI", None)
+        out = subprocess.run([sys.executable, "-m", "klwatch.cli", "scan", server.spec, "--format", "json",
+                              "-o", str(tmp_path / "r.json"), "--junit", str(tmp_path / "j.xml"), "--no-cache"],
+                             capture_output=True, text=True, timeout=300, env=env)
+    said = out.stdout + out.stderr + (tmp_path / "r.json").read_text() + (tmp_path / "j.xml").read_text()
+    assert server.requests and "token was <***>" in said, said[-2000:]
+    for shown in _echo_forms_of_the_token().values():
+        assert shown.lower() not in said.lower(), (form, shown)
+    windows = {ECHO_TOKEN[i:i + 8].lower() for i in range(len(ECHO_TOKEN) - 7)}
+    assert not [w for w in windows if w in said.lower()], form

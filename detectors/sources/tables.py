@@ -144,28 +144,31 @@ def _read_csv(data: bytes) -> tuple[dict[str, _Column], int]:
     """Every cell as text first, so an empty cell (missing) stays apart from a written ``nan``."""
     import pandas as pd
     try:
-        df = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, na_filter=False)
+        df = pd.read_csv(io.BytesIO(data), dtype=object, keep_default_na=False, na_filter=False)
     except pd.errors.EmptyDataError as exc:
         raise ReadError("empty table: the CSV file has no header and no rows") from exc
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
         raise ReadError(f"not a readable CSV table: {exc}") from exc
+    # every cell at once, column after column (one pandas call per step, not per column: a header of
+    # 100,000 names costs what its cells do)
+    n = len(df)
+    text = pd.Series(df.to_numpy(dtype=object).ravel(order="F"), dtype=object).str.strip()
+    raw = text.to_numpy(dtype=object)
+    present = (text != "").to_numpy()
+    num = pd.to_numeric(text, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan, copy=True)
+    numeric = present & ~np.isnan(num)
+    nanlike = present & np.isnan(num)
+    if nanlike.any():  # "nan" / "inf" written out count as numbers that are not finite
+        low = text[nanlike].str.lower()
+        is_nan = low.isin(_NAN_WORDS).to_numpy()
+        is_inf = low.isin(_INF_WORDS).to_numpy()
+        idx = np.flatnonzero(nanlike)
+        numeric[idx[is_nan | is_inf]] = True
+        num[idx[is_inf]] = np.where(low[is_inf].str.startswith("-"), -np.inf, np.inf)
     columns: dict[str, _Column] = {}
-    for name in df.columns:
-        text = df[name].str.strip()
-        raw = text.to_numpy(dtype=object)
-        present = (text != "").to_numpy()
-        num = pd.to_numeric(text, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan,
-                                                             copy=True)
-        numeric = present & ~np.isnan(num)
-        nanlike = present & np.isnan(num)
-        if nanlike.any():  # "nan" / "inf" written out count as numbers that are not finite
-            low = text[nanlike].str.lower()
-            is_nan = low.isin(_NAN_WORDS).to_numpy()
-            is_inf = low.isin(_INF_WORDS).to_numpy()
-            idx = np.flatnonzero(nanlike)
-            numeric[idx[is_nan | is_inf]] = True
-            num[idx[is_inf]] = np.where(low[is_inf].str.startswith("-"), -np.inf, np.inf)
-        columns[str(name)] = _Column(raw, present, numeric, num)
+    for j, name in enumerate(df.columns):
+        cut = slice(j * n, (j + 1) * n)
+        columns[str(name)] = _Column(raw[cut], present[cut], numeric[cut], num[cut])
     return columns, len(df)
 
 
