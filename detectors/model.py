@@ -372,7 +372,7 @@ class Finding:
 DAMAGE_WARNING = re.compile(
     r"truncated event file|truncated last line|is cut short|cut short at the start|ends in \d+ zero bytes|"
     r"corrupt record at byte|corrupt stretches skipped|never finished; dropped|without a first chunk; skipped|"
-    r"could not be decoded; skipped|this metric is left out")
+    r"could not be decoded; skipped|this metric is left out|damaged event file|damaged stretches")
 """A reader's warning that it read a file only in part: up to a cut-off end (a crash mid-write), past
 a corrupt stretch it skipped, or without a record or metric file it could not decode. The readers'
 own words (TensorBoard, W&B ``.wandb`` logs, tables, MLflow file stores); one place to extend."""

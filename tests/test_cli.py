@@ -103,7 +103,7 @@ def test_bad_input_is_named_and_the_rest_is_judged(runs, tmp_path):
     (bad / "events.out.tfevents.123.host").write_bytes(b"")
     good = sorted((runs / "grpo-fixed").iterdir())[0]
     corrupt = bytearray(good.read_bytes())
-    corrupt[60] ^= 0xFF
+    corrupt[9] ^= 0xFF  # the first record's length header: nothing of the file is read
     (bad / "events.out.tfevents.456.host").write_bytes(bytes(corrupt))
     out = klwatch("scan", runs, bad, "--format", "json")
     assert out.returncode == 1  # a reset elsewhere still wins

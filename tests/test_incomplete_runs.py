@@ -35,9 +35,10 @@ def _event_files(folder: Path) -> list[Path]:
 
 
 def corrupt_mid_file(path: Path) -> None:
-    """Flip a byte of a record in the middle of the file: whole records follow, so the file is unreadable."""
+    """Flip a byte of the file's first record (its length header): no good record opens the file, so it is
+    unreadable (damage further in is read around, naming the bytes skipped)."""
     data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
+    data[9] ^= 0xFF
     path.write_bytes(bytes(data))
 
 
@@ -139,7 +140,7 @@ def test_an_unreadable_file_alone_in_its_folder_stays_a_row_named_by_the_file(tm
     bad = tmp_path / "bad"
     bad.mkdir()
     data = bytearray(_event_files(tmp_path / "src")[0].read_bytes())
-    data[60] ^= 0xFF  # inside the first record: nothing of the file is read
+    data[9] ^= 0xFF  # in the first record's length header: nothing of the file is read
     (bad / "events.out.tfevents.456.host").write_bytes(bytes(data))
     r = only(scan([str(bad)]))
     assert r.status == "error" and r.lineage.name == "events.out.tfevents.456.host"

@@ -38,7 +38,7 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     bad.mkdir()
     good = sorted((runs / "grpo-fixed").iterdir())[0]
     corrupt = bytearray(good.read_bytes())
-    corrupt[60] ^= 0xFF  # inside the first record's data: a CRC mismatch, not a cut-off tail
+    corrupt[9] ^= 0xFF  # the first record's length header: a CRC mismatch, nothing of the file read
     (bad / "events.out.tfevents.456.host").write_bytes(bytes(corrupt))
     return root
 

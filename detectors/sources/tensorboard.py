@@ -274,24 +274,56 @@ def _segment(*, path: Path, resolved: Path, ref: str, source: str, series: dict[
     )
 
 
+MAX_DAMAGED_STRETCHES = 64
+"""Damaged stretches read past in one event file; after that many the rest of it is left unread, said."""
+
+_Skip = tuple[int, int, str]
+"""A damaged stretch of an event file: from byte, to the next whole record, and what was wrong there."""
+
+
 def _frame(data: bytes, *, ref: str, warnings: list[str], base: int = 0, before: int = 0
            ) -> tuple[np.ndarray, np.ndarray]:
-    """Split the TFRecord stream and check both CRCs of every whole record.
+    """Split the TFRecord stream and check both CRCs of every whole record, reading past damage inside
+    the file (a stretch a node crash zeroed, a corrupt record) to the next whole record whose CRCs hold,
+    each stretch skipped named by its bytes in a warning (``_frame_stretch`` reads up to the damage)."""
+    starts, lengths, offset, kept = [], [], 0, before
+    for _ in range(MAX_DAMAGED_STRETCHES + 1):
+        part = data if offset == 0 else data[offset:]
+        dstart, dlen, skip = _frame_stretch(part, ref=ref, warnings=warnings, base=base + offset, before=kept)
+        starts.append(dstart + offset)
+        lengths.append(dlen)
+        kept += len(dstart)
+        if skip is None:
+            break
+        lo, hi, problem = skip
+        warnings.append(f"{ref}: damaged event file: {problem}; skipped bytes {base + offset + lo}-"
+                        f"{base + offset + hi - 1} ({hi - lo} bytes) to the next whole record, whose CRCs hold "
+                        f"(TensorBoard's loader would stop there); kept {kept} whole records before it")
+        offset += hi
+    else:
+        warnings.append(f"{ref}: more than {MAX_DAMAGED_STRETCHES} damaged stretches: bytes from "
+                        f"{base + offset} on were not read")
+    return np.concatenate(starts), np.concatenate(lengths)
+
+
+def _frame_stretch(data: bytes, *, ref: str, warnings: list[str], base: int = 0, before: int = 0
+                   ) -> tuple[np.ndarray, np.ndarray, _Skip | None]:
+    """Split the TFRecord stream up to the first damage and check both CRCs of every whole record.
 
     ``data`` is the file from byte ``base`` on, after ``before`` whole records read earlier (a read
     resumed where an earlier one stopped): messages count bytes and records from the file's start,
     and those records count as kept, so the outcome is the one a read of the whole file gives.
 
-    Returns the data offset and length of each good record. What follows the last good record is
-    handled as TensorBoard's own readers handle it (the Python ``EventFileLoader`` and the Rust data
-    server both keep every record before the first unreadable one and stop there), with a warning
-    naming the file instead of silence:
+    Returns the data offset and length of each good record, and the damaged stretch to skip when whole
+    records follow it. What follows the last good record is handled as TensorBoard's own readers handle it
+    (the Python ``EventFileLoader`` and the Rust data server both keep every record before the first
+    unreadable one and stop there), with a warning naming the file instead of silence:
 
     - a record cut short at the end of the file, or a tail of zero bytes (a crash mid-write, the
       file pre-extended with zeros), or a corrupt tail after which no whole record can be found:
       the good records are kept, with a warning;
-    - a corrupt record with good records after it (damage in the middle of the file) is an error,
-      as before: TensorBoard would silently drop everything after it, and so would we;
+    - damage (zeros, a bad CRC) with whole records after it: the stretch up to the next whole record
+      is returned to be skipped (``_frame`` reads on from there);
     - a first record that fails its CRC is an error (not a TFRecord event file?).
     """
     n = len(data)
@@ -300,7 +332,7 @@ def _frame(data: bytes, *, ref: str, warnings: list[str], base: int = 0, before:
     if not heads:  # a resumed read with no new record header yet
         _warn_cut_off_end(heads=[], lengths=empty, whole=0, end=0, n=n, ref=ref, warnings=warnings, base=base,
                           before=before)
-        return empty, empty
+        return empty, empty, None
     buf = np.frombuffer(data, dtype=np.uint8)
     h = np.asarray(heads, dtype=np.int64)
     lengths = np.ascontiguousarray(_le(buf, h, 8)).view("<u8")[:, 0].astype(np.int64)
@@ -314,13 +346,19 @@ def _frame(data: bytes, *, ref: str, warnings: list[str], base: int = 0, before:
         whole = int(bad[0])
         problem = (f"CRC mismatch in the data of record {before + whole} at byte {base + heads[whole]} "
                    f"({int(dlen[whole])} bytes)")
-    if problem is None:  # every record whole and good, except perhaps a cut-off last one
+    if problem is None:  # every record whole and good, except perhaps a cut-off last one or a hole of zeros
+        end = heads[whole] if whole < len(heads) else pos
+        if before + whole and end < n and buf[end:].any() and (later := _next_good_record(data, buf, start=end)):
+            return dstart[:whole], dlen[:whole], (end, later, f"no record at byte {base + end}")
         _warn_cut_off_end(heads=heads, lengths=lengths, whole=whole, end=pos, n=n, ref=ref, warnings=warnings,
                           base=base, before=before)
-        return dstart, dlen
-    _judge_damaged_tail(data, buf, tail=heads[whole], whole=whole, problem=problem, ref=ref, warnings=warnings,
-                        base=base, before=before)
-    return dstart[:whole], dlen[:whole]
+        return dstart, dlen, None
+    tail = heads[whole]
+    if before + whole and buf[tail:].any() and (later := _next_good_record(data, buf, start=tail + 1)):
+        return dstart[:whole], dlen[:whole], (tail, later, problem)
+    _judge_damaged_tail(buf, tail=tail, whole=whole, problem=problem, ref=ref, warnings=warnings, base=base,
+                        before=before)
+    return dstart[:whole], dlen[:whole], None
 
 
 def _record_heads(data: bytes, *, resumed: bool = False) -> tuple[list[int], int]:
@@ -377,12 +415,11 @@ def _warn_cut_off_end(*, heads: list[int], lengths: np.ndarray, whole: int, end:
         raise ReadError(f"no whole record in the event file ({base + n} bytes; truncated)")
 
 
-def _judge_damaged_tail(data: bytes, buf: np.ndarray, *, tail: int, whole: int, problem: str, ref: str,
+def _judge_damaged_tail(buf: np.ndarray, *, tail: int, whole: int, problem: str, ref: str,
                         warnings: list[str], base: int = 0, before: int = 0) -> None:
-    """A bad record at byte ``tail``: a cut-off tail (zeros, or no whole record after it) keeps the
-    ``whole`` records before it with a warning; damage with good records after it is an error.
-    (``base``/``before``: as for ``_frame``.)"""
-    n = len(data)
+    """A bad record at byte ``tail`` with no whole record after it: a cut-off tail keeps the ``whole``
+    records before it with a warning; a bad first record is an error. (``base``/``before``: as for ``_frame``.)"""
+    n = len(buf)
     if whole + before == 0:
         raise ReadError(f"corrupt event file: {problem}" + (" (not a TFRecord event file?)"
                                                             if "length header" in problem else ""))
@@ -391,10 +428,6 @@ def _judge_damaged_tail(data: bytes, buf: np.ndarray, *, tail: int, whole: int, 
                         f"(byte {base + tail}; crash mid-write into a pre-extended file?); kept {before + whole} "
                         "whole records")
     else:
-        later = _next_good_record(data, buf, start=tail + 1)
-        if later is not None:
-            raise ReadError(f"corrupt event file: {problem}; whole records follow at byte {base + later}, "
-                            "so the damage is inside the file, not a cut-off tail")
         warnings.append(f"{ref}: truncated event file: {problem} and no whole record after it "
                         f"(crash mid-write?); kept {before + whole} whole records, dropped the last {n - tail} bytes")
 

@@ -1,5 +1,5 @@
-"""Issue 15 part 3 in a real headless Chromium: a run whose post-resume event file is corrupt in the
-middle is one row of the fleet marked incomplete (not a healthy-looking run beside an error row), the
+"""Issue 15 part 3 in a real headless Chromium: a run whose post-resume event file is corrupt (unreadable)
+is one row of the fleet marked incomplete (not a healthy-looking run beside an error row), the
 "Only incomplete" filter keeps it alone, and its header names the file and why."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ pytestmark = needs_chromium
 
 
 def write_corrupt_fleet(root: Path) -> tuple[Path, str]:
-    """A healthy resumed run and one whose post-resume event file has a byte flipped in the middle
-    (whole records follow it, so the file cannot be read); the corrupt file's ref."""
+    """A healthy resumed run and one whose post-resume event file has a byte of its first record flipped
+    (no good record opens it, so the file cannot be read); the corrupt file's ref."""
     write_run(root, name="grpo-healthy", resumes=[61], buggy=False, seed=2)
     folder = write_run(root, name="grpo-corrupt", resumes=[61], buggy=False, seed=3)
     (post,) = folder.glob("events.out.tfevents.*.launch1")
     data = bytearray(post.read_bytes())
-    data[len(data) // 2] ^= 0xFF
+    data[9] ^= 0xFF  # the first record's length header: nothing of the file is read
     post.write_bytes(bytes(data))
     return root, f"grpo-corrupt/{post.name}"
 

@@ -59,7 +59,7 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     bad.mkdir()
     good = sorted((root / fs_name(HOSTILE_NAMES["quotes"])).iterdir())[0]
     corrupt = bytearray(good.read_bytes())
-    corrupt[60] ^= 0xFF
+    corrupt[9] ^= 0xFF  # the first record's length header: nothing of the file is read
     (bad / "events.out.tfevents.1.host").write_bytes(bytes(corrupt))
     return root
 

@@ -116,7 +116,8 @@ def test_a_damaged_event_file_gives_a_clear_error_or_warning_in_bounded_time_and
 
 def test_a_huge_declared_length_is_never_allocated(written: dict[str, bytes], folder: Path) -> None:
     """Every record of a real file declaring 2^63 - 1 bytes in turn: read within the memory bound,
-    the records before it kept with a warning (none before the first: an error)."""
+    the records before it kept with a warning, and those after it read past the damage where they are
+    whole (none before the first: an error)."""
     data = written["tensorboardX"]
     for h in record_heads(data):
         damaged = declare_length(data, h, (1 << 63) - 1)
@@ -125,4 +126,5 @@ def test_a_huge_declared_length_is_never_allocated(written: dict[str, bytes], fo
         if h == 0:
             assert "no whole record" in seg.error
         else:
-            assert seg.error is None and any("truncated event file" in w for w in seg.warnings), seg.warnings
+            assert seg.error is None and any("truncated event file" in w or "damaged event file" in w
+                                             for w in seg.warnings), seg.warnings

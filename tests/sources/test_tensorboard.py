@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import os
 import uuid
 from pathlib import Path
@@ -211,8 +212,11 @@ def test_truncated_file_keeps_whole_records_and_warns(tmp_path: Path, write_tbx,
 
 @pytest.mark.parametrize("where", ["data", "length"])
 @pytest.mark.parametrize("points", [10, 100], ids=["few", "many"])  # C and numpy CRC paths
-def test_flipped_byte_fails_with_an_error_naming_the_crc_problem(tmp_path: Path, write_tbx,
-                                                                 where: str, points: int) -> None:
+def test_a_flipped_byte_inside_the_file_is_skipped_to_the_next_whole_record_and_named(
+        tmp_path: Path, write_tbx, where: str, points: int) -> None:
+    """Damage with whole records after it: the records before it and the whole records after it whose CRCs
+    hold are read, one warning naming the CRC problem and the bytes skipped (TensorBoard's loader would
+    stop at the damage)."""
     path = write_tbx(tmp_path, [("kl", s, s / 10, T0 + s) for s in range(points)])
     data = bytearray(path.read_bytes())
     size = last_record_size(5, 0.5, T0 + 5, "kl")
@@ -220,10 +224,27 @@ def test_flipped_byte_fails_with_an_error_naming_the_crc_problem(tmp_path: Path,
     assert len(read_one(path, tmp_path).series["kl"]) == points  # the intact file reads
     data[at] ^= 0x40
     path.write_bytes(bytes(data))
-    with pytest.raises(ReadError, match="CRC mismatch") as info:
-        read_one(path, tmp_path)
-    assert ("length header" if where == "length" else "data of record") in str(info.value)
-    assert f"record {points + 1 - 4}" in str(info.value)  # file_version is record 0
+    seg = read_one(path, tmp_path)
+    assert seg.series["kl"].steps.tolist() == [s for s in range(points) if s != points - 4]
+    [warning] = [w for w in seg.warnings if "damaged event file" in w]
+    assert "CRC mismatch" in warning and ("length header" if where == "length" else "data of record") in warning
+    assert f"record {points + 1 - 4}" in warning  # file_version is record 0
+    start = len(data) - 4 * size
+    assert f"skipped bytes {start}-{start + size - 1} ({size} bytes)" in warning, warning
+
+
+def test_a_zero_filled_hole_inside_an_event_file_is_skipped_and_the_records_after_it_read(tmp_path: Path,
+                                                                                         write_tbx) -> None:
+    """What a node crash leaves: a stretch of zeros over whole records, whole records after it."""
+    path = write_tbx(tmp_path, [("kl", s, s / 10, T0 + s) for s in range(100)])
+    data = bytearray(path.read_bytes())
+    size = last_record_size(5, 0.5, T0 + 5, "kl")
+    hole = slice(len(data) - 40 * size, len(data) - 30 * size + 7)  # 10 records and a bit of the 11th
+    data[hole] = bytes(hole.stop - hole.start)
+    path.write_bytes(bytes(data))
+    seg = read_one(path, tmp_path)
+    assert seg.series["kl"].steps.tolist() == list(range(60)) + list(range(71, 100))
+    assert [w for w in seg.warnings if "damaged event file" in w and f"skipped bytes {hole.start}-" in w], seg.warnings
 
 
 def test_not_an_event_file_fails_naming_the_crc_problem(tmp_path: Path) -> None:
@@ -371,17 +392,18 @@ def test_damaged_tail_reads_the_records_tensorboard_reads_with_a_warning(tmp_pat
         assert "zero bytes" in seg.warnings[0] or "CRC mismatch" in seg.warnings[0]
 
 
-def test_zeroed_record_with_good_records_after_it_stays_an_error(tmp_path: Path, write_tbx) -> None:
-    """Damage inside the file is not a crash's tail: TensorBoard would silently drop every record
-    after it, so the file is reported unreadable rather than read short."""
+def test_a_zeroed_record_with_good_records_after_it_is_skipped_not_the_whole_file(tmp_path: Path, write_tbx) -> None:
+    """Damage inside the file is not a crash's tail, and TensorBoard would silently drop every record after
+    it: klwatch keeps the records on both sides and names the damaged bytes (the run is read in part)."""
     path = write_tbx(tmp_path, [("kl", s, s / 10, T0 + s) for s in range(20)])
     data = bytearray(path.read_bytes())
     size = last_record_size(5, 0.5, T0 + 5, "kl")
     at = len(data) - 4 * size
     data[at:at + size] = bytes(size)
     path.write_bytes(bytes(data))
-    with pytest.raises(ReadError, match="CRC mismatch.*whole records follow"):
-        read_one(path, tmp_path)
+    seg = read_one(path, tmp_path)
+    assert seg.series["kl"].steps.tolist() == [s for s in range(20) if s != 16]
+    assert any("damaged event file" in w and f"skipped bytes {at}-{at + size - 1}" in w for w in seg.warnings)
 
 
 def test_scan_of_a_zero_padded_event_file_exits_0_with_the_warning_in_the_report(tmp_path: Path,
@@ -406,6 +428,30 @@ def test_scan_of_a_zero_padded_event_file_exits_0_with_the_warning_in_the_report
     (warning,) = lin["warnings"]
     assert "8192 zero bytes" in warning and path.name in warning
     assert "8192 zero bytes" in " ".join(out.stderr.split())  # rich wraps long lines
+
+
+def test_scan_of_an_event_file_with_a_zero_filled_hole_exits_by_the_verdict_naming_the_bytes(tmp_path: Path,
+                                                                                           write_tbx) -> None:
+    """A node crash's hole inside the file: the run is judged on every whole record (exit by its verdict, not 3),
+    incomplete, and the report names the bytes skipped."""
+    import subprocess
+    import sys
+
+    path = write_tbx(tmp_path / "grpo", [("train/kl_penalty", s, 0.05 * (1 - math.exp(-s / 8)), T0 + 5 * s)
+                                          for s in range(1, 81)])
+    data = bytearray(path.read_bytes())
+    lo = len(data) // 2
+    data[lo:lo + 500] = bytes(500)
+    path.write_bytes(bytes(data))
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-m", "klwatch.cli", "scan", str(tmp_path), "--format", "json", "--no-cache"],
+                         capture_output=True, text=True, timeout=120, cwd=root)
+    assert out.returncode == 0, out.stderr
+    (lin,) = json.loads(out.stdout)["lineages"]
+    assert lin["error"] is None and lin["status"] == "ok" and lin["members"][0]["last_step"] == 80
+    assert lin["incomplete"] and "damaged event file" in lin["incomplete"][0]
+    first, last = map(int, re.search(r"skipped bytes (\d+)-(\d+)", lin["incomplete"][0]).groups())
+    assert first <= lo and last >= lo + 499, (first, last, lo)  # the hole, from the record it starts in
 
 
 def _le_as_before(buf: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:

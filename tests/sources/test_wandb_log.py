@@ -443,7 +443,7 @@ def test_records_with_a_good_crc_but_damaged_contents_cost_only_themselves_named
     assert seg.series["kl"].steps.tolist() == [0, 1, 2, 2, 3]  # the bad step's row numbered from the row before
     assert seg.series["kl"].values.tolist() == [0.0, 0.5, 9.0, 1.0, 1.5]
     assert seg.series["k\ufffd"].values.tolist() == [1.5]  # a key that is not UTF-8: read, its byte replaced
-    assert "run-bad2.wandb: 2 history rows have no _step; numbered from their neighbours" in seg.warnings
+    assert "run-bad2.wandb: 2 history rows have no usable _step (none, or one beyond +-2**53); numbered from their neighbours" in seg.warnings
     dropped = [w for w in seg.warnings if "could not be decoded" in w]
     assert len(dropped) == 1 and dropped[0].startswith("run-bad2.wandb: 2 records with a good CRC could not be "
                                                        "decoded (at bytes ")
