@@ -194,6 +194,10 @@ def _stat_key(path: Path) -> tuple[int, int, int] | None:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
+SQLITE_MAX_VALUE_BYTES = 1 << 20
+"""The longest text or blob a store's query may produce (``SQLITE_LIMIT_LENGTH``)."""
+
+
 def _wal_of(path: Path) -> Path:
     return path.with_name(path.name + "-wal")
 
@@ -213,6 +217,9 @@ def _connect(uri: str, budget: Budget) -> sqlite3.Connection:
         raise ReadError(f"cannot open MLflow SQLite store read-only: {exc}") from exc
     con.text_factory = lambda b: b.decode("utf-8", "replace")
     con.set_progress_handler(lambda: int(budget.remaining_seconds() < 0), 10_000)
+    # no value may grow past what MLflow stores (a tag is at most 8,000 characters): a generated column of
+    # 100 MB a row is refused by SQLite itself ("string or blob too big"), not expanded into memory
+    con.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, SQLITE_MAX_VALUE_BYTES)
     return con
 
 
@@ -325,6 +332,9 @@ def _query_store(con: sqlite3.Connection, *, abspath: Path, source: str, who: st
                 f"{SQLITE_BUSY_TIMEOUT_S:g}s for the lock); try again when the writer is done"
             ) from exc
         raise ReadError(f"cannot read MLflow SQLite store: {msg}") from exc
+    except sqlite3.DataError as exc:  # SQLITE_TOOBIG: a value past SQLITE_LIMIT_LENGTH (see _connect)
+        raise ReadError(f"a value in the store is longer than {SQLITE_MAX_VALUE_BYTES:,} bytes, more than MLflow "
+                        f"ever stores (a generated column?); not read ({exc})") from exc
     except sqlite3.DatabaseError as exc:  # "file is not a database", "malformed", ...
         raise ReadError(f"not a readable SQLite database ({exc})") from exc
     except sqlite3.Error as exc:
