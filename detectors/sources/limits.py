@@ -112,9 +112,25 @@ def is_regular_file(path: Path) -> bool:
         return False
 
 
-def read_regular(path: Path, *, budget: Budget | None = None, start: int = 0, length: int | None = None) -> bytes:
+SNIFF_ABOVE = 1 << 20
+"""Files larger than this have their first bytes checked before they are read whole (``sniff``)."""
+SNIFF_MAX = 1 << 16
+
+
+def sniff(path: Path, *, length: int, start: int = 0) -> bytes | None:
+    """At most ``length`` (<= 64 KiB) bytes of a regular file larger than ``SNIFF_ABOVE`` from ``start``, not
+    charged to the budget (they are read again with the file): what a reader checks before reading a large
+    file whole, so a 1 GiB file that is no log (a sparse file of zeros) costs a few bytes. None for a
+    smaller file: it is read whole at once anyway."""
+    if os.stat(path).st_size <= SNIFF_ABOVE:
+        return None
+    return read_regular(path, start=start, length=min(length, SNIFF_MAX), charge=False)
+
+
+def read_regular(path: Path, *, budget: Budget | None = None, start: int = 0, length: int | None = None,
+                 charge: bool = True) -> bytes:
     """The bytes of a regular file from ``start`` (at most ``length`` of them), as long as it was when
-    opened, charged to the budget.
+    opened, charged to the budget (``charge``: only ``sniff`` reads uncharged).
 
     Opened without blocking and checked after opening, so a FIFO or a device swapped in under a name
     is refused rather than read (``NotRegularFile``); a file growing while read is read up to the size
@@ -130,7 +146,8 @@ def read_regular(path: Path, *, budget: Budget | None = None, start: int = 0, le
         size = max(0, st.st_size - start)
         if length is not None:
             size = min(size, max(0, length))
-        budget.charge(size, str(path))
+        if charge:
+            budget.charge(size, str(path))
         chunks, left = [], size
         os.lseek(fd, start, os.SEEK_SET)
         while left > 0:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np  # (pandas is imported where a table is parsed: a scan that reads no table never loads it)
 
 from ..model import MAX_STEP, Segment, Series, steps_out_of_range
-from .limits import read_regular
+from .limits import SNIFF_MAX, read_regular, sniff
 from .local import NotALog, ReadError
 
 STEP_COLUMNS = ("step", "_step", "global_step", "train/global_step", "iteration")
@@ -61,6 +61,7 @@ def read_table(path: Path, *, ref: str, source: str) -> list[Segment]:
     warnings: list[str] = []
     if suffix not in (".csv", ".jsonl", ".parquet"):
         raise ReadError(f"not a table: unknown suffix {path.suffix!r} (expected .csv, .jsonl, .parquet)")
+    _check_head(path, suffix)  # before reading it all: a 1 GiB file of zeros is refused from its first bytes
     data = read_regular(path)  # a FIFO or a device is refused, the bytes are charged to the SOURCE
     if suffix == ".csv":
         columns, nrows = _read_csv(_drop_torn_last_line(data, _torn_csv_row, ref=ref, warnings=warnings))
@@ -71,6 +72,20 @@ def read_table(path: Path, *, ref: str, source: str) -> list[Segment]:
     if nrows == 0:
         raise ReadError(f"empty table: no rows (columns: {_names(columns)})")
     return _segments(columns, nrows=nrows, path=path, ref=ref, source=source, warnings=warnings)
+
+
+def _check_head(path: Path, suffix: str) -> None:
+    """Refuse a large file that cannot be the table its suffix says from its first (for Parquet also its
+    last) bytes (``limits.sniff``): text with a NUL byte in its first 64 KiB, Parquet without its magic."""
+    if suffix == ".parquet":
+        size = path.stat().st_size
+        head, tail = sniff(path, length=4), sniff(path, start=max(0, size - 4), length=4)
+        if head is not None and (head != b"PAR1" or tail != b"PAR1"):
+            raise ReadError("not a readable Parquet table: it does not begin and end with the Parquet magic 'PAR1'")
+        return
+    head = sniff(path, length=SNIFF_MAX)
+    if head is not None and b"\0" in head:
+        raise ReadError(f"not a {suffix[1:].upper()} table: binary data (a NUL byte at byte {head.index(0)})")
 
 
 # ----------------------------------------------------------------------------- a torn last line

@@ -32,7 +32,7 @@ from google.protobuf.message import DecodeError
 from tensorboard.compat.proto import event_pb2
 
 from ..model import Segment, Series
-from .limits import read_regular
+from .limits import read_regular, sniff
 from .local import ReadError
 from .resume import Resume
 
@@ -173,10 +173,22 @@ def read_tensorboard_file_since(path: Path, *, ref: str, source: str, since: Res
             return _read_chunk(data, path=path, ref=ref, source=source, since=since)
         except (ReadError, KeyError, TypeError, ValueError):  # damaged new bytes, or a state not ours
             pass
+    if (head := sniff(path, length=12)) is not None:  # a 1 GiB file of zeros costs 12 bytes
+        _check_first_header(head)
     data = read_regular(path)  # a FIFO or a device is refused, the bytes are charged to the SOURCE
     if not data:
         raise ReadError("empty event file (0 bytes)")
     return _read_chunk(data, path=path, ref=ref, source=source, since=None)
+
+
+def _check_first_header(head: bytes) -> None:
+    """Refuse a file whose first record header is not a TFRecord header, from its first 12 bytes (what
+    ``_frame`` would find after reading the whole file)."""
+    buf = np.frombuffer(head, dtype=np.uint8)
+    stored = int(np.frombuffer(head[8:12], dtype="<u4")[0])
+    if int(_mask(_crc32c_rows(buf[None, :8]))[0]) != stored:
+        raise ReadError("corrupt event file: CRC mismatch in the length header of record 0 at byte 0 "
+                        "(not a TFRecord event file?)")
 
 
 def _read_chunk(data: bytes, *, path: Path, ref: str, source: str, since: Resume | None

@@ -45,7 +45,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from ..model import Segment, Series, steps_out_of_range
-from .limits import current_budget, path_kind, read_regular
+from .limits import current_budget, path_kind, read_regular, sniff
 from .local import ReadError
 from .resume import Resume
 
@@ -1224,6 +1224,8 @@ def _parse_log(log: Path) -> tuple[Any, int, _Unframer]:
     """The log's records parsed as one batch (None when they do not parse), the file's size and
     its framing (records dropped). A function of its own so that the file's bytes and the raw
     records are freed on return: the peak memory stays near a few times the file, not more."""
+    if (head := sniff(log, length=FILE_HEADER_LEN)) is not None:  # a 1 GiB file of zeros costs 7 bytes
+        _check_file_header(head)
     data = read_regular(log)  # a FIFO or a device is refused, the bytes are charged to the SOURCE
     framed = _unframe(data, log.name)
     size = len(data)
