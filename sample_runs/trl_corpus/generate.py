@@ -210,6 +210,21 @@ def tracker_env(out: Path, name: str, sc: dict, i: int, first: dict | None, *, p
     return env, report_to, run_name
 
 
+def parse_run_options(ap: argparse.ArgumentParser, argv: list[str] | None, scenarios: dict) -> tuple[argparse.Namespace, list[str]]:
+    """The options both corpora's generators share (after their own ``--out`` and ``--scenarios``), parsed,
+    and the scenarios asked for, each one of ``scenarios`` (else a usage error)."""
+    ap.add_argument("--jobs", type=int, default=2, help="scenarios run in parallel (each launch is one process)")
+    ap.add_argument("--restart-gap", type=float, default=1.0, help="seconds between a crash and the relaunch")
+    ap.add_argument("--keep-work", action="store_true", help="keep the launch specs, results and logs")
+    ap.add_argument("--quiet", action="store_true")
+    a = ap.parse_args(argv)
+    names = [s for s in a.scenarios.split(",") if s]
+    unknown = [s for s in names if s not in scenarios]
+    if unknown:
+        ap.error(f"unknown scenarios {unknown}")
+    return a, names
+
+
 def fresh_out(out: Path, wandb_layouts: list[tuple[str | None, str | None]]) -> Path:
     """Empty OUT's tracker folders and manifest (nothing else the user keeps there), make the W&B folder each
     scenario's (layout, flavour) logs to and the MLflow folder, and return a fresh work folder under OUT."""
@@ -464,15 +479,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(see --corpus preference --help)")
     ap.add_argument("--out", default=str(DEFAULT_OUT))
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, from: " + ", ".join(SCENARIOS))
-    ap.add_argument("--jobs", type=int, default=2, help="scenarios run in parallel (each launch is one process)")
-    ap.add_argument("--restart-gap", type=float, default=1.0, help="seconds between a crash and the relaunch")
-    ap.add_argument("--keep-work", action="store_true", help="keep the launch specs, results and logs")
-    ap.add_argument("--quiet", action="store_true")
-    a = ap.parse_args(argv)
-    names = [s for s in a.scenarios.split(",") if s]
-    unknown = [s for s in names if s not in SCENARIOS]
-    if unknown:
-        ap.error(f"unknown scenarios {unknown}")
+    a, names = parse_run_options(ap, argv, SCENARIOS)
     out = Path(a.out).resolve()
     work = fresh_out(out, [(SCENARIOS[n]["layouts"].get("wandb"), SCENARIOS[n].get("flavour")) for n in names])
     t0 = time.time()

@@ -483,15 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenarios", default=",".join(n for n, sc in SCENARIOS.items() if sc.get("committed", True)),
                     help="comma-separated, from: " + ", ".join(SCENARIOS) + " (default: all but "
                          + ", ".join(n for n, sc in SCENARIOS.items() if not sc.get("committed", True)) + ")")
-    ap.add_argument("--jobs", type=int, default=2, help="scenarios run in parallel (each launch is one process)")
-    ap.add_argument("--restart-gap", type=float, default=1.0, help="seconds between a crash and the relaunch")
-    ap.add_argument("--keep-work", action="store_true", help="keep the launch specs, results and logs")
-    ap.add_argument("--quiet", action="store_true")
-    a = ap.parse_args(argv)
-    names = [s for s in a.scenarios.split(",") if s]
-    unknown = [s for s in names if s not in SCENARIOS]
-    if unknown:
-        ap.error(f"unknown scenarios {unknown}")
+    a, names = g.parse_run_options(ap, argv, SCENARIOS)
     out = Path(a.out).resolve()
     work = g.fresh_out(out, [(SCENARIOS[n]["layouts"].get("wandb"), None) for n in names])
     t0 = time.time()
