@@ -30,6 +30,7 @@ import threading
 import time
 from datetime import datetime, timezone
 from typing import Any
+from urllib.parse import urljoin, urlsplit
 
 import numpy as np
 
@@ -113,6 +114,40 @@ def _base_url() -> str:
         return str(wandb_setup.singleton().settings.base_url).rstrip("/")
     except Exception:  # noqa: BLE001 - only for messages
         return "https://api.wandb.ai"
+
+
+_REDIRECTS = (301, 302, 303, 307, 308)
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    default = {"http": 80, "https": 443}.get(parts.scheme.lower())
+    try:
+        port = parts.port or default
+    except ValueError:
+        port = None
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port
+
+
+def redirected_elsewhere(url: str, *, timeout: float) -> str | None:
+    """Why the W&B server at ``url`` is not read, when it redirects its GraphQL endpoint to another origin:
+    the W&B client (wandb-core) follows redirects, so a server could send its requests elsewhere. Asked
+    once, without credentials, before the client is made; None when it answers otherwise or not at all
+    (the client then says why). A server that redirects only later requests is not caught by this."""
+    import requests
+
+    try:
+        wait = max(0.1, min(timeout, 10.0, current_budget().remaining_seconds()))
+        resp = requests.post(f"{url}/graphql", json={"query": "query Viewer { viewer { id } }", "operationName": "Viewer"},
+                             timeout=wait, allow_redirects=False)
+    except (requests.RequestException, ValueError):
+        return None
+    location = resp.headers.get("Location") if resp.status_code in _REDIRECTS else None
+    if not location or _origin(urljoin(f"{url}/graphql", location)) == _origin(url):
+        return None
+    return (f"W&B server {redact_url(url)}: answered /graphql with HTTP {resp.status_code}, a redirect to "
+            f"{redact_url(urljoin(url + '/graphql', location))}; not followed (requests and credentials go only to the "
+            "server given: set WANDB_BASE_URL to the address it redirects to)")
 
 
 def _api_key(url: str) -> str | None:
@@ -422,6 +457,9 @@ def read_wandb_api(spec: str) -> SourceRead:
     entity, project, run_id = m.groups()
     timeout, retries = _limits()
     url = _base_url()
+    if (moved := redirected_elsewhere(url, timeout=timeout)) is not None:
+        out.errors.append(SourceError(spec, moved))
+        return out
     budget = current_budget()
     reader = _Reader(spec=spec, entity=entity, project=project, run_id=run_id, url=url, timeout=timeout,
                      retries=retries, budget=budget)

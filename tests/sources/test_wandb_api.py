@@ -257,3 +257,22 @@ def test_the_password_in_wandb_base_url_is_never_in_a_message(monkeypatch: pytes
     [err] = read_wandb_api("wandb://team/rl").errors
     assert err.message.startswith(f"cannot reach W&B server http://***@127.0.0.1:{port}")
     assert "hunter2-planted" not in err.message and KEY not in err.message
+
+
+@pytest.mark.parametrize("status", [302, 307])
+def test_a_redirect_to_another_origin_is_refused_and_nothing_reaches_it(monkeypatch: pytest.MonkeyPatch,
+                                                                       status: int) -> None:
+    """The W&B client follows redirects: a server answering /graphql with one to another host would have it
+    send its requests (the key among them) there. Refused before the client is made, naming where it pointed."""
+    import hostile_servers as hs
+
+    with hs.HostileServer(lambda req, conn, stop: hs.send_json(conn, 200, {"data": {}})) as elsewhere, \
+            hs.HostileServer(hs.redirect_answer(f"http://127.0.0.1:{elsewhere.port}/graphql?k=v", status)) as server:
+        monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{server.port}")
+        monkeypatch.setenv("WANDB_API_KEY", KEY)
+        monkeypatch.setenv("KLWATCH_WANDB_TIMEOUT", "2")
+        read = read_source("wandb://team/grpo")
+    assert not elsewhere.requests, [(r.method, r.path) for r in elsewhere.requests]
+    [error] = read.errors
+    assert f"HTTP {status}, a redirect to http://127.0.0.1:{elsewhere.port}/graphql?***; not followed" in error.message
+    assert KEY not in error.message and all("authorization" not in r.headers for r in server.requests)
