@@ -225,6 +225,30 @@ def parse_run_options(ap: argparse.ArgumentParser, argv: list[str] | None, scena
     return a, names
 
 
+def manifest_head(*, generator: str, framework: str, t0: float, experiment: str, project: str) -> dict:
+    """The fields every real-TRL corpus manifest opens with: what wrote it, when, with which versions, where."""
+    return {
+        "schema": "klwatch.sample-manifest/1",
+        "generated_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "generator": generator,
+        "framework": framework,
+        "versions": versions(),
+        "generation_seconds": round(time.time() - t0, 1),
+        "mlflow": {"store": "mlflow/mlflow.db", "experiment": experiment},
+        "wandb": {"project": project, "mode": "offline"},
+        "tensorboard": {"root": "tensorboard"},
+    }
+
+
+def finish(out: Path, work: Path, manifest_text: str, *, keep_work: bool, quiet: bool, runs: int, t0: float) -> int:
+    """Write the manifest, drop the work folder unless kept, say so."""
+    (out / "manifest.json").write_text(manifest_text)
+    if not keep_work:
+        shutil.rmtree(work, ignore_errors=True)
+    say(quiet, f"done in {time.time() - t0:.0f}s: {runs} tracker runs, manifest at {out / 'manifest.json'}")
+    return 0
+
+
 def fresh_out(out: Path, wandb_layouts: list[tuple[str | None, str | None]]) -> Path:
     """Empty OUT's tracker folders and manifest (nothing else the user keeps there), make the W&B folder each
     scenario's (layout, flavour) logs to and the MLflow folder, and return a fresh work folder under OUT."""
@@ -497,15 +521,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"reference={b['reference_from']} KL before {b['kl_last_before']:.4f} "
                          f"after {b['kl_first_after']:.4f} -> {b['expected_verdict']}")
     manifest = {
-        "schema": "klwatch.sample-manifest/1",
-        "generated_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "generator": "sample_runs/trl_corpus/generate.py",
-        "framework": "trl.GRPOTrainer",
-        "versions": versions(),
-        "generation_seconds": round(time.time() - t0, 1),
-        "mlflow": {"store": "mlflow/mlflow.db", "experiment": MLFLOW_EXPERIMENT},
-        "wandb": {"project": WANDB_PROJECT, "mode": "offline"},
-        "tensorboard": {"root": "tensorboard"},
+        **manifest_head(generator="sample_runs/trl_corpus/generate.py", framework="trl.GRPOTrainer", t0=t0,
+                        experiment=MLFLOW_EXPERIMENT, project=WANDB_PROJECT),
         "base_config": COMMON,
         "expected_verdict_rule": ("reference_from=checkpoint: reference_reset, unless the KL at the checkpoint was "
                                   f"under {INCONCLUSIVE_BELOW:.0%} of the run's peak (inconclusive) or the resume step "
@@ -516,11 +533,8 @@ def main(argv: list[str] | None = None) -> int:
                       for n in names},
         "runs": runs,
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    if not a.keep_work:
-        shutil.rmtree(work, ignore_errors=True)
-    say(a.quiet, f"done in {time.time() - t0:.0f}s: {len(runs)} tracker runs, manifest at {out / 'manifest.json'}")
-    return 0
+    return finish(out, work, json.dumps(manifest, indent=1) + "\n", keep_work=a.keep_work, quiet=a.quiet,
+                  runs=len(runs), t0=t0)
 
 
 if __name__ == "__main__":

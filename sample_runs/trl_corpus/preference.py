@@ -26,7 +26,6 @@ import sqlite3
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -504,15 +503,10 @@ def main(argv: list[str] | None = None) -> int:
                          f"reference={b['reference_from']} {b['series']} before {b['series_last_before']:.4f} "
                          f"after {b['series_first_after']:.4f} (loss {f['loss']:.4f}) -> {b['expected_verdict']}")
     manifest = {
-        "schema": "klwatch.sample-manifest/1",
-        "generated_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "generator": "sample_runs/trl_corpus/generate.py --corpus preference (sample_runs/trl_corpus/preference.py)",
-        "framework": ", ".join(TRAINERS[k] for k in sorted({SCENARIOS[n]["trainer"] for n in names})),
-        "versions": g.versions(),
-        "generation_seconds": round(time.time() - t0, 1),
-        "mlflow": {"store": "mlflow/mlflow.db", "experiment": MLFLOW_EXPERIMENT},
-        "wandb": {"project": WANDB_PROJECT, "mode": "offline"},
-        "tensorboard": {"root": "tensorboard"},
+        **g.manifest_head(
+            generator="sample_runs/trl_corpus/generate.py --corpus preference (sample_runs/trl_corpus/preference.py)",
+            framework=", ".join(TRAINERS[k] for k in sorted({SCENARIOS[n]["trainer"] for n in names})), t0=t0,
+            experiment=MLFLOW_EXPERIMENT, project=WANDB_PROJECT),
         "base_config": BASE_CONFIG,
         "expected_verdict_rule": EXPECTED_VERDICT_RULE,
         "model": {"arch": "LlamaForCausalLM", "hidden_size": 32, "layers": 2, "tokenizer": "word-level, 24 tokens",
@@ -529,11 +523,7 @@ def main(argv: list[str] | None = None) -> int:
                           "layouts": SCENARIOS[n]["layouts"]} for n in names},
         "runs": runs,
     }
-    (out / "manifest.json").write_text(dump_manifest(manifest))
-    if not a.keep_work:
-        shutil.rmtree(work, ignore_errors=True)
-    say(a.quiet, f"done in {time.time() - t0:.0f}s: {len(runs)} tracker runs, manifest at {out / 'manifest.json'}")
-    return 0
+    return g.finish(out, work, dump_manifest(manifest), keep_work=a.keep_work, quiet=a.quiet, runs=len(runs), t0=t0)
 
 
 if __name__ == "__main__":
