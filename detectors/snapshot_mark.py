@@ -95,11 +95,12 @@ def snapshot_mark(before: Series, after: Series, *, reset_step: int | None, open
         return None
     rest = post.take(slice(1, 1 + config.regrowth_points))
     grown, top = np.abs(rest.values), float(np.max(recent[-config.min_points:]))  # a growing KL's level: its last
-    if np.any(grown <= tol) or np.any(grown >= top) or grown[0] >= config.low_fraction * top:
+    if np.any(grown <= config.floor_absolute) or np.any(grown >= top) or grown[0] >= config.low_fraction * top:
         return None  # stays at zero (a penalty switched off) or returns at once (a dropout)
+    # off the floor again, at least as fast as the run's own opening at the same offsets (a regrowth still
+    # under the floor tolerance, as a warm-up's is, must match its opening there: the same small values)
     expected = _opening_at(_finite(opening), (rest.steps - r).astype(float))
-    grown_opening = expected > tol
-    if np.any(grown[grown_opening] < expected[grown_opening] / config.retrace_factor):
+    if np.any(grown < expected / config.retrace_factor) or np.any((grown <= tol) & (expected > tol)):
         return None
     return SnapshotMark(first, level, r, first_step)
 

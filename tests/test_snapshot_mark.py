@@ -132,3 +132,14 @@ def test_an_early_healthy_resume_off_the_floor_is_ok_and_the_buggy_twin_a_reset(
                       pieces=[{"kl": Series(steps[:4], kl[:4])}, {"kl": Series(steps[4:], kl[4:])}],
                       boundaries=[Boundary(step=5, resumed_from_step=4, evidence=["checkpoint"], piece_index=1)])
         assert ReferenceResetDetector().judge(lin).status == want, (want, ReferenceResetDetector().judge(lin).verdicts)
+
+
+def test_a_regrowth_still_under_the_floor_tolerance_is_the_mark_when_the_opening_was_as_slow():
+    """Inside a learning-rate warm-up the opening's first steps sit far under 1% of the level it reached: a
+    regrowth as small at the same offsets retraces it (it was refused as a penalty switched off)."""
+    opening = [0.0, 1e-6, 4e-6, 1e-5, 0.002, 0.004, 0.006, 0.008, 0.009, 0.01]
+    mark = _mark(opening, [0.0, 2e-6, 6e-6], opening=opening)
+    assert mark is not None and mark.first_step == 11
+    assert _mark(opening, [0.0, 0.0, 0.0], opening=opening) is None  # exactly 0 on: switched off
+    assert _mark(opening, [0.0, 1e-9 / 2, 1e-9 / 2], opening=opening) is None  # float noise at the floor: no regrowth
+    assert _mark(opening, [0.0, 1e-8, 2e-8], opening=opening) is None  # slower than the opening by far
