@@ -46,3 +46,21 @@ def test_a_sparse_1_gib_file_of_any_kind_is_a_named_error_in_bounded_time_and_me
     assert any(said in e and Path(name).parts[-1 if kind != "wandb" else 0] in e for e in errors), errors
     healthy = [lin for lin in report["lineages"] if lin["name"].startswith("healthy") or "resume-fixed" in lin["name"]]
     assert healthy and all(lin["status"] == "ok" for lin in healthy), [(lin["name"], lin["status"]) for lin in report["lineages"]]
+
+
+def test_a_whole_file_read_holds_its_bytes_once(tmp_path: Path) -> None:
+    """``read_regular`` of a 200 MiB file peaks near 200 MiB more, not twice that (chunks, then joined)."""
+    import subprocess
+    import sys
+
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as f:
+        for _ in range(200):
+            f.write(bytes(range(256)) * 4096)
+    code = ("import resource, sys; from pathlib import Path; from klwatch.sources.limits import Budget, read_regular;"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
+            "data = read_regular(Path(sys.argv[1]), budget=Budget());"
+            "print(len(data), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)")
+    size, grown_mib = map(int, subprocess.run([sys.executable, "-c", code, str(big)], capture_output=True, text=True,
+                                              check=True, timeout=120).stdout.split())
+    assert size == 200 << 20 and grown_mib < 300, grown_mib
