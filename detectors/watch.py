@@ -37,7 +37,7 @@ from .model import ScanResult
 from .pipeline import ScanConfig, scan
 from .read_cache import LocalReadCache, ReadStats
 from .redact import redact_url
-from .report import EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE, printable, secret_free
+from .report import EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE, printable, secret_free, undecided
 
 DEFAULT_STATE = ".klwatch-state.db"
 
@@ -163,11 +163,13 @@ def _poll(specs: list[str], *, config: ScanConfig, state: AlertState, sinks: lis
     """Pass after pass, ``every`` seconds apart start to start; with ``once``, one pass and its exit code."""
     cache = LocalReadCache(limits=config.limits)  # a poll is bounded as a scan is
     shown_errors: set[str] = set()
+    shown_undecided: set[str] = set()
     while True:
         started = time.monotonic()
         report = watch_pass(specs, config=config, cache=cache, state=state, sinks=sinks,
                             dashboard_url=dashboard_url, out=sys.stdout, respect_backoff=not once)
         _show_errors(report.result, shown_errors)
+        _show_undecided(report.result, shown_undecided)
         if verbose:
             _show_pass(report, state)
         if once:
@@ -197,6 +199,15 @@ def _show_errors(result: ScanResult, shown: set[str]) -> None:
         if m not in shown:
             shown.add(m)
             say("error", m, clean=clean)
+
+
+def _show_undecided(result: ScanResult, shown: set[str]) -> None:
+    """Each resume left undecided in a run with no reset (``report.undecided``) once, as a warning: nothing
+    says all is well there, though no alert is sent (alerts are for resets)."""
+    for line in undecided(result):
+        if line not in shown:
+            shown.add(line)
+            say("warning", line)
 
 
 def _show_pass(report: PassReport, state: AlertState) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -471,3 +472,16 @@ def _delivery_figures(receivers: list, expected: set[str]) -> str:
     lost = len(receivers) * len(expected) - len(delivered)
     return (f"{len(delivered)} alert deliveries ({len(expected)} alerts x {len(receivers)} webhooks), "
             f"{len(posts) - len(delivered)} duplicate POSTs, all with their alert's key; {lost} lost")
+
+
+def test_an_undecided_resume_is_said_once_as_a_warning_and_alerts_nothing(tmp_path, receiver):
+    """A run with no reset but a resume left inconclusive is not 'all is well': the watcher says it on stderr
+    (once per resume, however many polls), sends no alert, and exits as before (0)."""
+    runs = tmp_path / "runs"
+    shutil.copytree(REPO / "sample_runs" / "tensorboard" / "early-resume-buggy", runs / "early-resume-buggy")
+    out = klwatch("watch", runs, "--once", "--state", tmp_path / "s.db", "--webhook", receiver.url)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("warning early-resume-buggy: resume at step") == 1, out.stderr
+    assert "undecided" in out.stderr and not receiver.requests
+    again = klwatch("watch", runs, "--once", "--state", tmp_path / "s.db", "--webhook", receiver.url)
+    assert again.stderr.count("undecided") == 1 and not receiver.requests
