@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional, get_type_h
 import typer
 from typer.core import TyperCommand
 
+from .read_budget import DEFAULT_MAX_READ_BYTES
 from .redact import redact_spec, scrub
 from .report import EXIT_USAGE, printable, secret_free
 
@@ -60,7 +61,7 @@ RestartOpt = Annotated[Optional[list[int]], typer.Option("--restart", help="A st
 GroupOpt = Annotated[Optional[str], typer.Option("--group-by", help="Stitch tracker runs into training runs by this config/tag key.")]
 LineageOpt = Annotated[Optional[Path], typer.Option("--lineage", help='JSON file {"run name": ["ref or run-id glob", ...]} overriding stitching.')]
 ResetScoreOpt = Annotated[float, typer.Option("--reset-score", min=0.0, max=1.0, help="Score at or above which a boundary is a reference reset.")]
-MaxBytesOpt = Annotated[int, typer.Option("--max-read-bytes", min=1, help="Most bytes reading one SOURCE may take (files and server responses together).")]
+MaxBytesOpt = Annotated[int, typer.Option("--max-read-bytes", min=1, help="Most bytes reading one SOURCE may take (files and server responses together); default: half the machine's memory, at most 16 GiB.")]
 MaxSecondsOpt = Annotated[float, typer.Option("--max-read-seconds", min=0.001, help="Most wall time reading one SOURCE may take, however its server answers.")]
 JobsOpt = Annotated[Optional[int], typer.Option(
     "--jobs", "-j", min=1, show_default=False,
@@ -95,7 +96,7 @@ class ScanOptions:
     reset_score: ResetScoreOpt = 0.95
     """``ReferenceResetConfig.reset_score`` (tests/test_scan_memo.py keeps these three the library's defaults:
     written here so that parsing a command line loads no judging or reading code)."""
-    max_read_bytes: MaxBytesOpt = 16 << 30
+    max_read_bytes: MaxBytesOpt = DEFAULT_MAX_READ_BYTES
     """``ReadLimits.max_bytes``."""
     max_read_seconds: MaxSecondsOpt = 3600.0
     """``ReadLimits.max_seconds``."""

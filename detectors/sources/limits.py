@@ -13,6 +13,7 @@ Folders are walked without recursion (``walk``): a tree ~1,000 levels deep is st
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import time
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..read_budget import DEFAULT_MAX_READ_BYTES
+
 GIB = 1 << 30
 
 
@@ -29,9 +32,9 @@ GIB = 1 << 30
 class ReadLimits:
     """The most one SOURCE may cost to read (``--max-read-bytes``, ``--max-read-seconds``)."""
 
-    max_bytes: int = 16 * GIB
+    max_bytes: int = DEFAULT_MAX_READ_BYTES
     """Bytes read from one SOURCE, files and server responses together (a 100-run x 4,000-step
-    TensorBoard fleet is ~0.1 GiB)."""
+    TensorBoard fleet is ~0.1 GiB); by default half the machine's memory (``read_budget``)."""
     max_seconds: float = 3600.0
     """Wall time reading one SOURCE may take, however its server answers."""
 
@@ -129,6 +132,130 @@ def sniff(path: Path, *, length: int, start: int = 0) -> bytes | None:
     return read_regular(path, start=start, length=min(length, SNIFF_MAX), charge=False)
 
 
+ZERO_STRETCH_MIN = 16 << 20
+"""Zeros this long inside a tracker file are a hole (a sparse file, a crash into a pre-extended file), never
+data: no log writes 16 MiB of NUL bytes. Readers stop or skip there instead of holding the zeros."""
+_SCAN_BLOCK = ZERO_STRETCH_MIN // 2
+_ZEROS = bytes(_SCAN_BLOCK)
+
+
+def _open_regular(path: Path) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of ``path`` and its stat, opened without blocking; a FIFO or a device swapped in
+    under the name is refused (``NotRegularFile``) rather than read."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = file_kind(st.st_mode)
+        raise NotRegularFile(f"{path}: not a regular file ({kind}); skipped", kind=kind)
+    return fd, st
+
+
+def _regions(fd: int, size: int, start: int = 0) -> Iterator[tuple[int, int, bool]]:
+    """(start, end, is_hole) over the file's bytes from ``start`` to ``size``, holes as the file system reports them
+    (``SEEK_DATA``/``SEEK_HOLE``: a sparse gigabyte costs no read), or one data region where it cannot say."""
+    pos = start
+    while pos < size:
+        try:
+            data = min(os.lseek(fd, pos, os.SEEK_DATA), size)
+        except OSError as exc:
+            yield (pos, size, exc.errno == errno.ENXIO)  # ENXIO: only a hole is left; else no hole support
+            return
+        if data > pos:
+            yield (pos, data, True)
+        if data >= size:
+            return
+        try:
+            end = min(os.lseek(fd, data, os.SEEK_HOLE), size)
+        except OSError:
+            end = size
+        yield (data, max(end, data + 1), False)
+        pos = max(end, data + 1)
+
+
+def _blocks(fd: int, start: int, end: int, budget: Budget, where: str) -> Iterator[tuple[int, bytes]]:
+    """The bytes from ``start`` to ``end`` in blocks of 8 MiB, one held at a time (time-checked, not charged)."""
+    for off in range(start, end, _SCAN_BLOCK):
+        budget.check_time(where)
+        block = os.pread(fd, min(_SCAN_BLOCK, end - off), off)
+        if not block:
+            return
+        yield off, block
+
+
+def _zero_edge(fd: int, at: int, size: int, *, before: bool) -> int:
+    """How many zero bytes lie right before (or from) byte ``at``: where a stretch found by blocks begins or ends."""
+    if before:
+        block = os.pread(fd, min(_SCAN_BLOCK, at), max(0, at - _SCAN_BLOCK))
+        return len(block) - len(block.rstrip(b"\0"))
+    block = os.pread(fd, min(_SCAN_BLOCK, max(0, size - at)), at)
+    return len(block) - len(block.lstrip(b"\0"))
+
+
+def zero_stretches(path: Path, *, start: int = 0, budget: Budget | None = None) -> list[tuple[int, int]]:
+    """The stretches (from, to) of ``ZERO_STRETCH_MIN`` or more zero bytes in a regular file, found with one
+    8 MiB block held at a time (file-system holes are not even read): where a reader must stop or skip rather
+    than hold the file, so a 1 GiB sparse file with a valid head costs its head (from byte ``start`` on: what
+    a resumed read would read). Not charged to the budget (the
+    bytes kept are charged when read), but within its deadline."""
+    budget = budget or current_budget()
+    fd, st = _open_regular(path)
+    try:
+        found: list[list[int]] = []
+        for a, b, hole in _regions(fd, st.st_size, start):
+            for off, block in ([(a, b"")] if hole else _blocks(fd, a, b, budget, str(path))):
+                if hole or block == (_ZEROS if len(block) == _SCAN_BLOCK else bytes(len(block))):
+                    end = b if hole else off + len(block)
+                    if found and found[-1][1] >= (a if hole else off):
+                        found[-1][1] = max(found[-1][1], end)
+                    else:
+                        found.append([a if hole else off, end])
+        out = []
+        for lo, hi in found:
+            lo -= _zero_edge(fd, lo, st.st_size, before=True) if lo > start else 0
+            hi += _zero_edge(fd, hi, st.st_size, before=False)
+            if hi - lo >= ZERO_STRETCH_MIN:
+                out.append((lo, hi))
+        return out
+    finally:
+        os.close(fd)
+
+
+def first_nul(path: Path, *, budget: Budget | None = None) -> int | None:
+    """Where the first NUL byte of a regular file is (None: it has none), one 8 MiB block held at a time,
+    file-system holes not read: what a text reader checks before reading a large file whole, so a text file
+    with a gigabyte hole after a valid head is refused for the cost of its head."""
+    budget = budget or current_budget()
+    fd, st = _open_regular(path)
+    try:
+        for a, b, hole in _regions(fd, st.st_size):
+            if hole:
+                return a
+            for off, block in _blocks(fd, a, b, budget, str(path)):
+                if (i := block.find(0)) >= 0:
+                    return off + i
+        return None
+    finally:
+        os.close(fd)
+
+
+class BinaryText(ValueError):
+    """A file that should be text holds a NUL byte (binary data, or a hole a crash or a sparse file left)."""
+
+    def __init__(self, offset: int) -> None:
+        super().__init__(f"binary data (a NUL byte at byte {offset}), not text; not read")
+        self.offset = offset
+
+
+def read_text_bytes(path: Path, *, budget: Budget | None = None) -> bytes:
+    """``read_regular`` for a file that must be text (a metric file, a JSON or YAML side file): a large one
+    holding a NUL byte is refused (``BinaryText``) before it is read whole, so a gigabyte hole after a valid
+    head costs the head."""
+    if os.stat(path).st_size > SNIFF_ABOVE and (nul := first_nul(path, budget=budget)) is not None:
+        raise BinaryText(nul)
+    return read_regular(path, budget=budget)
+
+
 def read_regular(path: Path, *, budget: Budget | None = None, start: int = 0, length: int | None = None,
                  charge: bool = True) -> bytes:
     """The bytes of a regular file from ``start`` (at most ``length`` of them), as long as it was when
@@ -139,12 +266,8 @@ def read_regular(path: Path, *, budget: Budget | None = None, start: int = 0, le
     it had when opened.
     """
     budget = budget or current_budget()
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    fd, st = _open_regular(path)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = file_kind(st.st_mode)
-            raise NotRegularFile(f"{path}: not a regular file ({kind}); skipped", kind=kind)
         size = max(0, st.st_size - start)
         if length is not None:
             size = min(size, max(0, length))
