@@ -26,7 +26,7 @@ import numpy as np
 import yaml
 
 from ..model import Segment, Series
-from .limits import NotRegularFile, YamlRefused, load_yaml, read_regular
+from .limits import BinaryText, NotRegularFile, YamlRefused, load_yaml, read_text_bytes
 from .local import ReadError
 
 LAYOUTS: list[tuple[str, re.Pattern[str]]] = [
@@ -54,8 +54,11 @@ def _read_text(path: Path, rel: str, warnings: list[str]) -> str | None:
     """The file's text, or None: missing (no warning here), or not a regular file (a FIFO would
     block, a device never end: never opened, a warning naming it)."""
     try:
-        return read_regular(path).decode("utf-8")
+        return read_text_bytes(path).decode("utf-8")
     except FileNotFoundError:
+        return None
+    except BinaryText as exc:
+        warnings.append(f"{rel}: {exc}; skipped")
         return None
     except NotRegularFile as exc:
         warnings.append(f"{rel}: not a regular file ({exc.kind}); skipped")

@@ -50,7 +50,8 @@ import numpy as np
 import yaml
 
 from ..model import Segment, Series
-from .limits import Budget, NotRegularFile, YamlAliasRefused, current_budget, load_yaml, read_regular, walk
+from .limits import (Budget, BinaryText, NotRegularFile, YamlAliasRefused, current_budget, load_yaml, read_regular,
+                     read_text_bytes, walk)
 from .local import NotALog, ReadError
 
 SQLITE_BUSY_TIMEOUT_S = 2.0
@@ -580,11 +581,11 @@ def _read_metrics(folder: Path, where: str, warnings: list[str]) -> dict[str, Se
     metrics: dict[str, Series] = {}
     for key, f in _files_under(folder):
         try:
-            series, note = _parse_metric(read_regular(f))
+            series, note = _parse_metric(read_text_bytes(f))
         except OSError as exc:
             warnings.append(f"{where}/{key}: {_why(exc)}; this metric is left out")
             continue
-        except ReadError as exc:
+        except (ReadError, BinaryText) as exc:
             warnings.append(f"{where}/{key}: {exc}; this metric is left out")
             continue
         if note:
@@ -593,11 +594,19 @@ def _read_metrics(folder: Path, where: str, warnings: list[str]) -> dict[str, Se
     return metrics
 
 
+KV_MAX_BYTES = 1 << 20
+"""A param or tag file larger than this is not MLflow's (it caps values at a few thousand characters)."""
+
+
 def _read_kv(folder: Path, where: str, what: str, warnings: list[str]) -> dict[str, str]:
     """``params/`` and ``tags/``: one file per key; one that cannot be read is left out with a warning."""
     out: dict[str, str] = {}
     for key, f in _files_under(folder):
         try:
+            if (size := os.stat(f).st_size) > KV_MAX_BYTES:
+                warnings.append(f"{where}/{key}: {size:,} bytes, far more than MLflow lets a {what} hold; "
+                                f"this {what} is left out")
+                continue
             out[key] = read_regular(f).decode("utf-8")
         except OSError as exc:
             warnings.append(f"{where}/{key}: {_why(exc)}; this {what} is left out")

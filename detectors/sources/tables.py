@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np  # (pandas is imported where a table is parsed: a scan that reads no table never loads it)
 
 from ..model import MAX_STEP, Segment, Series, steps_out_of_range
-from .limits import SNIFF_MAX, read_regular, sniff
+from .limits import SNIFF_ABOVE, first_nul, read_regular, sniff, zero_stretches
 from .local import NotALog, ReadError
 
 STEP_COLUMNS = ("step", "_step", "global_step", "train/global_step", "iteration")
@@ -75,17 +75,24 @@ def read_table(path: Path, *, ref: str, source: str) -> list[Segment]:
 
 
 def _check_head(path: Path, suffix: str) -> None:
-    """Refuse a large file that cannot be the table its suffix says from its first (for Parquet also its
-    last) bytes (``limits.sniff``): text with a NUL byte in its first 64 KiB, Parquet without its magic."""
+    """Refuse a large file that cannot be the table its suffix says before reading it whole, one block held at
+    a time (``limits``): text with a NUL byte anywhere, Parquet without its magic at both ends or with a
+    stretch of zeros no writer leaves (a sparse or crash-damaged file). A 1 GiB hole after a valid head costs
+    its head, not a gigabyte."""
+    if path.stat().st_size <= SNIFF_ABOVE:
+        return  # read whole at once anyway; the parsers say what is wrong
     if suffix == ".parquet":
         size = path.stat().st_size
         head, tail = sniff(path, length=4), sniff(path, start=max(0, size - 4), length=4)
-        if head is not None and (head != b"PAR1" or tail != b"PAR1"):
+        if head != b"PAR1" or tail != b"PAR1":
             raise ReadError("not a readable Parquet table: it does not begin and end with the Parquet magic 'PAR1'")
+        if stretches := zero_stretches(path):
+            lo, hi = stretches[0]
+            raise ReadError(f"not a readable Parquet table: bytes {lo}-{hi - 1} are zeros ({hi - lo:,} bytes; "
+                            "a sparse or damaged file)")
         return
-    head = sniff(path, length=SNIFF_MAX)
-    if head is not None and b"\0" in head:
-        raise ReadError(f"not a {suffix[1:].upper()} table: binary data (a NUL byte at byte {head.index(0)})")
+    if (nul := first_nul(path)) is not None:
+        raise ReadError(f"not a {suffix[1:].upper()} table: binary data (a NUL byte at byte {nul})")
 
 
 # ----------------------------------------------------------------------------- a torn last line

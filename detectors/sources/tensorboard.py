@@ -19,6 +19,8 @@ Each event file becomes one Segment: a restart writes a new file, so a file is a
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import re
@@ -32,7 +34,7 @@ from google.protobuf.message import DecodeError
 from tensorboard.compat.proto import event_pb2
 
 from ..model import Segment, Series
-from .limits import read_regular, sniff
+from .limits import SNIFF_ABOVE, read_regular, sniff, zero_stretches
 from .local import ReadError
 from .resume import Resume
 
@@ -167,7 +169,7 @@ def read_tensorboard_file_since(path: Path, *, ref: str, source: str, since: Res
     New bytes that are damaged are read again with the whole file, so the error or warnings are
     exactly a whole read's."""
     path = Path(path)
-    if since is not None:
+    if since is not None and not _holes(path, start=since.offset):
         try:
             data = read_regular(path, start=since.offset)  # only the new bytes are charged to the SOURCE
             return _read_chunk(data, path=path, ref=ref, source=source, since=since)
@@ -175,10 +177,59 @@ def read_tensorboard_file_since(path: Path, *, ref: str, source: str, since: Res
             pass
     if (head := sniff(path, length=12)) is not None:  # a 1 GiB file of zeros costs 12 bytes
         _check_first_header(head)
+    if holes := _holes(path):
+        return _read_around_holes(path, holes=holes, ref=ref, source=source)
     data = read_regular(path)  # a FIFO or a device is refused, the bytes are charged to the SOURCE
     if not data:
         raise ReadError("empty event file (0 bytes)")
     return _read_chunk(data, path=path, ref=ref, source=source, since=None)
+
+
+def _holes(path: Path, *, start: int = 0) -> list[tuple[int, int]]:
+    """The stretches of 16 MiB or more of zeros in a large event file from ``start`` on (``limits.zero_stretches``)."""
+    return zero_stretches(path, start=start) if path.stat().st_size - start > SNIFF_ABOVE else []
+
+
+def _read_around_holes(path: Path, *, holes: list[tuple[int, int]], ref: str, source: str
+                       ) -> tuple[list[Segment], Resume]:
+    """An event file with stretches of zeros no writer leaves (a crash into a pre-extended file, a sparse
+    file): the bytes between them read one stretch after another, each on from the records before it (as a
+    resumed read), the zeros never held, each hole named in a warning; so a 1 GiB hole after a valid head
+    costs the head. Damage at the start of the bytes after a hole is read past as anywhere else (``_frame``)."""
+    size = path.stat().st_size
+    spans = [(lo, hi) for lo, hi in zip([0] + [h for _, h in holes], [lo for lo, _ in holes] + [size]) if hi > lo]
+    frame_warnings: list[str] = []
+    since: Resume | None = None
+    for (lo, hi), hole in zip(spans, holes + [None]):
+        try:
+            segs, resume = _read_chunk(read_regular(path, start=lo, length=hi - lo), path=path, ref=ref,
+                                       source=source, since=since)
+        except ReadError as exc:
+            if since is None:
+                raise
+            frame_warnings.append(f"{ref}: bytes {lo}-{size - 1} not read: {exc}")
+            break
+        frame_warnings += segs[0].warnings[:len(segs[0].warnings) - len(resume.segment.warnings)]
+        since = resume
+        if hole is not None:
+            frame_warnings.append(_hole_warning(hole, size=size, ref=ref, kept=int(resume.state["records"])))
+            since = dataclasses.replace(resume, offset=hole[1])
+        if len(frame_warnings) > MAX_DAMAGED_STRETCHES:
+            frame_warnings.append(f"{ref}: more than {MAX_DAMAGED_STRETCHES} damaged stretches: bytes from "
+                                  f"{hi} on were not read")
+            break
+    assert since is not None
+    last = since.segment
+    return [dataclasses.replace(last, warnings=frame_warnings + list(last.warnings))], since
+
+
+def _hole_warning(hole: tuple[int, int], *, size: int, ref: str, kept: int) -> str:
+    lo, hi = hole
+    if hi >= size:
+        return (f"{ref}: truncated event file: {hi - lo} zero bytes from byte {lo} to its end (crash mid-write "
+                f"into a pre-extended file, or a sparse file?); kept {kept} whole records before them")
+    return (f"{ref}: damaged event file: {hi - lo} zero bytes at bytes {lo}-{hi - 1} (a hole a crash or a sparse "
+            f"copy left); skipped, not held, reading on from byte {hi}; kept {kept} whole records before it")
 
 
 def _check_first_header(head: bytes) -> None:

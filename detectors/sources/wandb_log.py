@@ -45,7 +45,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from ..model import Segment, Series, steps_out_of_range
-from .limits import current_budget, path_kind, read_regular, sniff
+from .limits import SNIFF_ABOVE, current_budget, path_kind, read_regular, sniff, zero_stretches
 from .local import ReadError
 from .resume import Resume
 
@@ -1195,9 +1195,12 @@ def _read_on(path: Path, *, log: Path, since: Resume, ref: str, source: str, war
     added to what ``since`` holds. None when they must be read with all the others instead."""
     state = since.state
     offset = since.offset
+    size = os.stat(log).st_size
     if (state.get("version") != STATE_VERSION or since.file != os.path.abspath(log)
-            or not FILE_HEADER_LEN <= offset <= os.stat(log).st_size):
+            or not FILE_HEADER_LEN <= offset <= size):
         return None
+    if size - offset > SNIFF_ABOVE and zero_stretches(log, start=offset):
+        return None  # a whole read says where the zeros are and holds none of them
     data = read_regular(log, start=offset)
     framed = _Unframer(data, log.name, base=offset, prior=state["records"], skipped=state["skipped"])
     try:
@@ -1220,14 +1223,36 @@ def _read_on(path: Path, *, log: Path, since: Resume, ref: str, source: str, war
                         framed=framed, framing=framing)
 
 
+def _log_bytes(log: Path) -> tuple[bytes, tuple[int, int, int] | None]:
+    """The log's bytes up to its first stretch of 16 MiB or more of zeros (``limits.zero_stretches``: a
+    crash into a pre-extended file, a sparse file; W&B writes its log in order and never leaves one), and
+    that stretch with the file's size when there is one: the zeros are never held, so a 1 GiB hole after a
+    valid head costs the head."""
+    size = os.stat(log).st_size
+    holes = zero_stretches(log) if size > SNIFF_ABOVE else []
+    if not holes:
+        return read_regular(log), None  # a FIFO or a device is refused, the bytes are charged to the SOURCE
+    lo, hi = holes[0]
+    return read_regular(log, length=lo), (lo, hi, size)
+
+
+def _hole_warning(name: str, hole: tuple[int, int, int], records: int) -> str:
+    lo, hi, size = hole
+    rest = "" if hi >= size else f", and the {size - hi} bytes after them not read"
+    return (f"{name} ends in {hi - lo} zero bytes from byte {lo} (cut short by a crash, or a sparse file?){rest}: "
+            f"read the {records} whole records before them")
+
+
 def _parse_log(log: Path) -> tuple[Any, int, _Unframer]:
     """The log's records parsed as one batch (None when they do not parse), the file's size and
     its framing (records dropped). A function of its own so that the file's bytes and the raw
     records are freed on return: the peak memory stays near a few times the file, not more."""
     if (head := sniff(log, length=FILE_HEADER_LEN)) is not None:  # a 1 GiB file of zeros costs 7 bytes
         _check_file_header(head)
-    data = read_regular(log)  # a FIFO or a device is refused, the bytes are charged to the SOURCE
+    data, hole = _log_bytes(log)
     framed = _unframe(data, log.name)
+    if hole:
+        framed.warnings.append(_hole_warning(log.name, hole, framed.records))
     size = len(data)
     del data
     joined = b"".join(framed.out)
@@ -1346,7 +1371,7 @@ def _read_damaged(path: Path, *, log: Path, size: int, ref: str, source: str, wa
     """A log holding records with a good CRC whose contents cannot be decoded (a fuzzed or damaged
     file): read again, those records are found, left out with one warning naming where they
     begin, and the rest is read. Rare, so the cost of reading twice is paid only here."""
-    framed = _unframe(read_regular(log), log.name)  # its framing warnings were given the first time
+    framed = _unframe(_log_bytes(log)[0], log.name)  # its framing warnings were given the first time
     records = framed.out
     bad = _undecodable_records(records, path=path, log=log)
     if bad:

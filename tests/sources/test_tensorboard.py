@@ -523,3 +523,21 @@ def test_distinct_slices_groups_byte_ranges_by_their_content(slices: list[bytes]
     group, blobs = tb._distinct_slices(np.frombuffer(data + b"\x00", dtype=np.uint8), start=starts, end=ends)
     assert [blobs[g] for g in group.tolist()] == slices
     assert len(set(blobs)) == len(blobs)
+
+
+def test_a_stretch_of_zeros_inside_an_event_file_is_skipped_and_the_records_after_it_read(tmp_path: Path) -> None:
+    """A 20 MiB zero-filled stretch (written zeros, not a sparse hole) between two halves of a real event file:
+    the records on both sides are kept, the zeros named in a warning, never held as the file's bytes."""
+    first = sorted((Path(__file__).resolve().parents[2] / "sample_runs" / "tensorboard" / "ratchet-buggy")
+                   .glob("events.out.tfevents.*"))[0]
+    data = first.read_bytes()
+    whole = read_tensorboard_file(first, ref="r", source="s")[0]
+    holed = tmp_path / first.name
+    half = len(data) // 2
+    holed.write_bytes(data[:half] + bytes(20 << 20) + data[half:])
+    seg = read_tensorboard_file(holed, ref="r", source="s")[0]
+    kept = sum(len(s.steps) for s in seg.series.values())
+    assert sum(len(s.steps) for s in whole.series.values()) - 3 <= kept < sum(len(s.steps) for s in whole.series.values())
+    assert any(f"{20 << 20} zero bytes at bytes {half}-{half + (20 << 20) - 1}" in w for w in seg.warnings), seg.warnings
+    later = max(s.steps[-1] for s in seg.series.values())
+    assert later == max(s.steps[-1] for s in whole.series.values())
