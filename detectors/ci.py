@@ -25,8 +25,8 @@ from .pipeline import ScanConfig, scan
 from .preference_reset import judged_quantity
 from .redact import scrub
 from .reference_reset import ReferenceResetConfig
-from .report import (EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, escape_cell, exit_code, incomplete, junit_xml, printable,
-                     secret_free, undecided, unreadable)
+from .report import (EXIT_NOTHING_JUDGED, EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, escape_cell, exit_code, incomplete,
+                     junit_xml, nothing_judged, printable, secret_free, undecided, unreadable)
 
 RESET = "reference_reset"
 DEFAULT_FAIL_ON: tuple[str, ...] = (RESET,)
@@ -83,6 +83,8 @@ def check_exit_code(result: ScanResult, found: list[Problem]) -> int:
     code = exit_code(result)
     if code in (EXIT_OK, EXIT_UNREADABLE) and found:
         return EXIT_RESET
+    if code == EXIT_OK and nothing_judged(result):
+        return EXIT_NOTHING_JUDGED  # a gate that judged nothing does not pass
     return code
 
 
@@ -219,6 +221,8 @@ def _summary_head(result: ScanResult, found: list[Problem]) -> str:
         return f"### ❌ klwatch check: {len(found)} problem(s) in {len({id(p.result) for p in found})} of {runs} training run(s)"
     if result.any_error or result.nothing_read:
         return f"### ⚠️ klwatch check: no reset found, but some sources could not be read ({runs} training run(s))"
+    if why := nothing_judged(result):
+        return f"### ❌ klwatch check: {escape_cell(why)}"
     boundaries = sum(len(r.verdicts) for r in result.results)
     open_ = len(undecided(result))
     if open_:
@@ -293,7 +297,8 @@ def check_command(
     """For CI: silent when all is well; one line per reset (GitHub annotations under Actions) and exit 1.
 
     Exit codes: 0 clean; 1 a reference reset (or an error finding of a --fail-on detector);
-    2 bad usage or nothing readable; 3 no reset, but some sources or runs could not be read.
+    2 bad usage or nothing readable; 3 no reset, but some sources or runs could not be read; 4 everything
+    read, but not one training run could be judged against its reference (no KL, a --metric naming nothing).
     """
     try:
         names = parse_fail_on(fail_on)
@@ -323,6 +328,9 @@ def _print_problems(result: ScanResult, found: list[Problem], *, github: bool) -
     for i, msg in enumerate(unreadable(result)):  # the sources' errors come first, then the runs'
         title = "klwatch: unreadable source" if i < n_sources else "klwatch: unreadable run"
         print(workflow_command(title, msg) if github else f"error: {printable(msg)}",
+              file=sys.stdout if github else sys.stderr)
+    if (why := nothing_judged(result)) and not found:
+        print(workflow_command("klwatch: nothing judged", why) if github else f"error: {printable(why)}",
               file=sys.stdout if github else sys.stderr)
     for msg in incomplete(result):  # judged on part of its logs: said, the exit code stays the verdict's
         print(warning_command("klwatch: incomplete run", msg) if github else f"warning: {printable(msg)}",
@@ -375,10 +383,16 @@ def assert_no_reference_reset(
                     (": " + "; ".join(unreadable) if unreadable else ""))
     elif unreadable and not allow_unreadable:
         msgs.append("klwatch could not read: " + "; ".join(unreadable))
+    if (why := nothing_judged(result)) and not found:
+        msgs.append(f"klwatch judged nothing: {why}")
     seen = sum(len(r.lineage.boundaries) for r in result.results)
+    judged = sum(v.verdict != "inconclusive" for r in result.results for v in r.verdicts)
     if not result.nothing_read and seen < min_boundaries:
         msgs.append(f"expected at least {min_boundaries} resume boundary(ies), found {seen}: the resume did not show in "
                     "the logs (is the resumed process logging to the same place?)")
+    elif not result.nothing_read and judged < min_boundaries and not why:
+        msgs.append(f"expected at least {min_boundaries} resume boundary(ies) judged, {judged} of {seen} were: "
+                    + "; ".join(undecided(result) or ["the others were left undecided"]))
     if msgs:
         raise AssertionError(secret_free(result)("\n".join(msgs)))  # a test log is an output too
     return result

@@ -73,7 +73,8 @@ def kl_candidates(names: Iterable[str], *, patterns: Sequence[str] | None = None
     """The logged names that are a reference KL, best first.
 
     With ``patterns`` (the user's ``--metric``, globs allowed) only those are considered, in the
-    order given, and the exclusions do not apply: the user knows their metric.
+    order given: a name given whole is taken as it is (the user knows their metric), a glob prefers the
+    recognised names among its matches and leaves the look-alikes out (``_pattern_matches``).
     """
     return list(_kl_candidates(tuple(names), tuple(patterns) if patterns else None))
 
@@ -90,9 +91,7 @@ def _rank_kl_candidates(names: Iterable[str], *, patterns: Sequence[str] | None 
     if patterns:
         found: list[str] = []
         for pat in patterns:
-            for n in sorted(names):
-                if (n == pat or fnmatch.fnmatchcase(n, pat)) and n not in found:
-                    found.append(n)
+            found += [n for n in _pattern_matches(names, pat) if n not in found]
         return found
     nameset = set(names)
     ranked = [m for m in DEFAULT_KL_METRICS if m in nameset]
@@ -106,6 +105,52 @@ def _rank_kl_candidates(names: Iterable[str], *, patterns: Sequence[str] | None 
         if n not in ranked and _KL_LEAF.match(leaf) and not is_excluded(n):
             ranked.append(n)
     return ranked
+
+
+def _pattern_matches(names: Sequence[str], pattern: str) -> list[str]:
+    """What one ``--metric`` names, best first. A name given whole is the user's choice, look-alike or not; a
+    glob prefers the recognised reference-KL names among what it matches (``_rank_kl_candidates``), then any
+    other match, and leaves out the look-alikes (``is_excluded``: ``*kl*`` must not pick ``train/approxkl``)."""
+    if pattern in names:
+        return [pattern]
+    matched = sorted(n for n in names if fnmatch.fnmatchcase(n, pattern))
+    ranked = _rank_kl_candidates(matched)
+    return ranked + [n for n in matched if n not in ranked and not is_excluded(n)]
+
+
+NO_MATCH = "No logged metric matches --metric"
+"""How a training run's ``kl_metric`` finding begins when ``--metric`` named none of its series (the summary counts them)."""
+
+
+def closest_names(names: Iterable[str], patterns: Sequence[str]) -> list[str]:
+    """The logged names closest to a ``--metric`` that matched nothing (a typo: ``train/kl_penalti``)."""
+    import difflib
+
+    names = [n for n in names if not n.startswith("_")]
+    out: list[str] = []
+    for pat in patterns:
+        out += [n for n in difflib.get_close_matches(pat, names, n=2, cutoff=0.75) if n not in out]
+    return out
+
+
+def describe_match(names: Iterable[str], patterns: Sequence[str], *, chosen: str | None) -> str | None:
+    """What ``--metric`` matched among a run's logged ``names``, in words, when there is something to say: a
+    glob that matched more than one series, or look-alikes it left out. None otherwise."""
+    names = [n for n in names if not n.startswith("_")]
+    said = []
+    for pat in patterns:
+        if pat in names:
+            continue
+        matched = sorted(n for n in names if fnmatch.fnmatchcase(n, pat))
+        left_out = [n for n in matched if is_excluded(n)]
+        if len(matched) > 1 or left_out:
+            said.append(f"--metric {pat} matched {len(matched)} series ({', '.join(matched[:8])}"
+                        f"{' ...' if len(matched) > 8 else ''})" +
+                        (f", of which {', '.join(left_out[:8])} {'is a KL look-alike' if len(left_out) == 1 else 'are KL look-alikes'}"
+                         " (not a distance to the reference: left out; name one whole to judge it)" if left_out else ""))
+    if not said:
+        return None
+    return "; ".join(said) + (f"; judged {chosen}." if chosen else "; none of them judged.")
 
 
 def is_negated(name: str) -> bool:

@@ -46,7 +46,7 @@ import numpy as np
 from .boundaries import named_reset_step
 from .declarations import ReferenceSchedule, explain_boundary, reference_schedules, schedule_note
 from .detector import Detector
-from .metrics import preference_metrics
+from .metrics import NO_MATCH, closest_names, describe_match, preference_metrics
 from .post_side import STARTS_PAST_FIRST_STEP, PostSideConfig, late_opening
 from .snapshot_mark import SnapshotMarkConfig, off_the_floor, snapshot_mark
 from .model import (Boundary, BoundaryVerdict, Finding, Lineage, LineageResult, Series, Verdict, cadence_of,
@@ -663,6 +663,8 @@ class ReferenceResetDetector(Detector[ReferenceResetConfig]):
         if errors and all(s.error for s in lineage.segments):
             return LineageResult(lineage, None, "error", error="; ".join(errors))
         result = self._judge_kl(lineage)
+        if self.metrics and (said := describe_match(lineage.metric_names(), self.metrics, chosen=lineage.kl_metric)):
+            result.findings.append(Finding("kl_metric", None, "info", said))  # what a glob matched, and left out
         if errors:
             result.error = "; ".join(errors)
         return result
@@ -728,9 +730,11 @@ class ReferenceResetDetector(Detector[ReferenceResetConfig]):
         """No KL to judge: say what was logged, so the user can name the KL with ``--metric``."""
         names = [n for n in lineage.metric_names() if not n.startswith("_")]
         shown = ", ".join(names[:12]) + (" ..." if len(names) > 12 else "")
+        close = closest_names(names, self.metrics) if self.metrics else []
         msg = (f"No reference-KL metric among the {len(names)} logged ({shown or 'none'}); "
                "name it with --metric." if not self.metrics else
-               f"No logged metric matches --metric {' '.join(self.metrics)} (logged: {shown or 'none'}).")
+               f"{NO_MATCH} {' '.join(self.metrics)}" + (f": did you mean {' or '.join(close)}?" if close else "") +
+               f" (logged: {shown or 'none'}).")
         preference = preference_metrics(names)
         if preference and not self.metrics:
             msg = (f"No reference-KL metric: a preference trainer, whose reference shows in its implicit rewards "

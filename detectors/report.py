@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 SCHEMA = "klwatch.report/1"
 
 EXIT_OK, EXIT_RESET, EXIT_USAGE, EXIT_UNREADABLE = 0, 1, 2, 3
+EXIT_NOTHING_JUDGED = 4
+"""``check`` only (an addition to SPEC.md): everything was read, no reset, but not one training run could be judged
+against its reference (``nothing_judged``): a gate must not pass on nothing."""
+JUDGED_STATUSES = frozenset({"reference_reset", "ok", "intentional", "inconclusive", "kl_disabled"})
+"""A training run's statuses that say it was looked at against its reference (``kl_disabled``: it has none)."""
 
 
 def exit_code(result: ScanResult) -> int:
@@ -281,6 +286,22 @@ def rows(result: ScanResult) -> list[dict[str, str]]:
     return out
 
 
+def nothing_judged(result: ScanResult) -> str | None:
+    """Why not one training run of the scan was judged against its reference (every one without a KL or
+    implicit rewards, a ``--metric`` naming nothing, too few points, unreadable), free of secrets; None when one
+    was, or when nothing could be read (exit 2 says that)."""
+    if result.nothing_read or any(r.status in JUDGED_STATUSES for r in result.results):
+        return None
+    counts: dict[str, int] = {}
+    for r in result.results:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    why = next((f"{r.lineage.name}: {f.message}" for r in result.results for f in r.findings
+                if f.detector == "kl_metric" and f.severity == "warning"), None)
+    said = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    return secret_free(result)(f"no training run could be judged against its reference ({said or 'no training run'})"
+                               + (f"; {why}" if why else ""))
+
+
 def undecided(result: ScanResult) -> list[str]:
     """One line per resume left ``inconclusive`` in a run that rolled up ``inconclusive`` (no reset found, but
     not all is known to be well): what ``check`` and the markdown say under their verdicts, free of secrets
@@ -326,6 +347,8 @@ def render_table(result: ScanResult, console: Any) -> None:
     console.print(table)
     for line in incomplete(result):
         console.print(Text(f"warning: {printable(line)}", style="yellow"))
+    if why := nothing_judged(result):
+        console.print(Text(f"warning: {printable(why)}", style="yellow"))
     console.print(summary_line(result))
 
 
@@ -336,7 +359,14 @@ def summary_line(result: ScanResult) -> str:
         counts[r.status] = counts.get(r.status, 0) + 1
     resets = sum(1 for r in result.results for v in r.verdicts if v.verdict == "reference_reset")
     parts = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-    return f"{len(result.results)} training run(s): {parts or 'none'}; {resets} boundary(ies) judged reference_reset."
+    line = f"{len(result.results)} training run(s): {parts or 'none'}; {resets} boundary(ies) judged reference_reset."
+    from .metrics import NO_MATCH
+
+    unmatched = sum(any(f.detector == "kl_metric" and f.message.startswith(NO_MATCH) for f in r.findings)
+                    for r in result.results)
+    if unmatched:
+        line += f" --metric matched nothing in {unmatched} of {len(result.results)} training run(s)."
+    return line
 
 
 _MARKDOWN_CELL = str.maketrans({"\\": "\\\\", "|": "\\|", "<": "&lt;", "&": "&amp;", "[": "\\[", "]": "\\]"})

@@ -281,3 +281,40 @@ def test_pytest_example_passes(tmp_path):
                           timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 passed" in proc.stdout
+
+
+# --------------------------------------------------------------- a gate that cannot pass on nothing (issue 25, 1)
+
+
+def test_a_misspelled_metric_fails_check_with_exit_4_and_names_the_closest_logged_name(runs):
+    res = check(runs / "bad", "--metric", "train/kl_penalti")
+    assert res.exit_code == 4, res.output
+    assert res.stdout == ""
+    err = " ".join(res.stderr.split())
+    assert "no training run could be judged against its reference (2 no_kl_metric)" in err
+    assert "No logged metric matches --metric train/kl_penalti: did you mean train/kl_penalty?" in err
+
+
+def test_a_run_with_no_kl_at_all_fails_check_under_github_with_an_error_annotation_and_summary(tmp_path):
+    write_run(tmp_path / "sft", resumes=[40], buggy=False, metric="train/grad_norm")  # logs no KL
+    summary = tmp_path / "summary.md"
+    res = check(tmp_path / "sft", env={"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)})
+    assert res.exit_code == 4
+    assert res.stdout.startswith("::error title=klwatch%3A nothing judged::no training run could be judged")
+    assert summary.read_text().startswith("### ❌ klwatch check: no training run could be judged")
+
+
+def test_a_glob_prefers_the_reference_kl_over_a_look_alike_and_catches_the_reset(tmp_path):
+    write_run(tmp_path / "buggy", resumes=[40], buggy=True, extra={"train/approxkl": 0.001})
+    res = check(tmp_path / "buggy", "--metric", "*kl*")
+    assert res.exit_code == 1, res.output
+    (only,) = scan([str(tmp_path / "buggy")], config=ScanConfig(metrics=("*kl*",))).results
+    assert only.metric == "train/kl_penalty" and only.status == "reference_reset"
+    said = [f.message for f in only.findings if f.detector == "kl_metric"]
+    assert said and "train/approxkl is a KL look-alike" in said[0] and "judged train/kl_penalty" in said[0]
+
+
+def test_the_assert_api_fails_when_nothing_was_judged_or_too_few_resumes_were(runs):
+    with pytest.raises(AssertionError, match="klwatch judged nothing: no training run could be judged"):
+        assert_no_reference_reset(runs / "good" / "grpo-fixed", metric="train/kl_penalti", min_boundaries=1)
+    assert_no_reference_reset(runs / "good" / "grpo-fixed", min_boundaries=1)

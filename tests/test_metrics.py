@@ -63,3 +63,27 @@ def test_an_accuracy_alone_is_not_a_preference_trainer():
     from klwatch.metrics import preference_metrics
 
     assert preference_metrics(["train/accuracy", "train/loss", "train/reward"]) == {}
+
+
+def test_a_glob_prefers_recognised_reference_kl_names_and_leaves_look_alikes_out():
+    names = ["train/approxkl", "train/kl_penalty", "train/policy_kl", "train/kl_custom"]
+    assert kl_candidates(names, patterns=["*kl*"]) == ["train/kl_penalty", "train/kl_custom"]
+    assert kl_candidates(["train/approxkl"], patterns=["*kl*"]) == []
+    assert kl_candidates(names, patterns=["train/approxkl"]) == ["train/approxkl"]  # named whole: the user's choice
+
+
+def test_what_a_glob_matched_is_said_with_the_look_alikes_it_left_out():
+    from klwatch.metrics import describe_match
+
+    said = describe_match(["train/approxkl", "train/kl_penalty", "loss"], ["*kl*"], chosen="train/kl_penalty")
+    assert said is not None and "matched 2 series (train/approxkl, train/kl_penalty)" in said
+    assert "train/approxkl is a KL look-alike" in said and said.endswith("judged train/kl_penalty.")
+    assert describe_match(["train/kl_penalty", "loss"], ["*kl*"], chosen="train/kl_penalty") is None
+    assert describe_match(["train/kl_penalty"], ["train/kl_penalty"], chosen="train/kl_penalty") is None
+
+
+def test_a_misspelled_metric_gets_the_closest_logged_names():
+    from klwatch.metrics import closest_names
+
+    assert closest_names(["train/kl_penalty", "train/loss"], ["train/kl_penalti"]) == ["train/kl_penalty"]
+    assert closest_names(["train/loss"], ["zzz"]) == []
