@@ -386,7 +386,11 @@ def show_notices(launch: safety.Launch) -> None:
 
 
 def show_source_errors(fleet: data.Fleet, launch: safety.Launch) -> None:
-    """Main area: a source that cannot be read says so where the user is looking."""
+    """Main area: a source that cannot be read, or whose ``#PATTERN`` names no run, says so where the user is
+    looking."""
+    for source in fleet.scan.sources:
+        if source.unmatched:
+            st.warning(say(source.unmatched), icon=":material/search_off:")
     for spec in fleet.specs:
         read = fleet.reads.get(spec)
         if read is None or not read.errors:

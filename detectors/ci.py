@@ -329,6 +329,9 @@ def _print_problems(result: ScanResult, found: list[Problem], *, github: bool) -
         title = "klwatch: unreadable source" if i < n_sources else "klwatch: unreadable run"
         print(workflow_command(title, msg) if github else f"error: {printable(msg)}",
               file=sys.stdout if github else sys.stderr)
+    for msg in result.unmatched:  # bad usage: exit 2
+        print(workflow_command("klwatch: no run matches", clean(msg)) if github else f"error: {printable(clean(msg))}",
+              file=sys.stdout if github else sys.stderr)
     if (why := nothing_judged(result)) and not found:
         print(workflow_command("klwatch: nothing judged", why) if github else f"error: {printable(why)}",
               file=sys.stdout if github else sys.stderr)

@@ -396,6 +396,8 @@ def report_errors(result: ScanResult | Any) -> None:
             say("warning", w, clean=clean)
         for e in s.errors:
             say("error", e.message, clean=clean)
+        if s.unmatched:
+            say("error", s.unmatched, clean=clean)
     for r in result.results:
         if r.error:
             msg = r.error if r.error.startswith(r.lineage.name) else f"{r.lineage.name}: {r.error}"

@@ -274,6 +274,9 @@ class SourceRead:
     kinds: list[str] = field(default_factory=list)
     errors: list[SourceError] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    unmatched: str | None = None
+    """Set when the SOURCE's ``#PATTERN`` kept no training run: what to say (the runs there named). Bad
+    usage (exit 2), not a read failure."""
 
 
 @dataclass
@@ -442,6 +445,11 @@ class ScanResult:
     @property
     def nothing_read(self) -> bool:
         return not any(not seg.error for s in self.sources for seg in s.segments)
+
+    @property
+    def unmatched(self) -> list[str]:
+        """Every SOURCE's ``#PATTERN`` that kept no training run, said with the runs that are there."""
+        return [s.unmatched for s in self.sources if s.unmatched]
 
     @property
     def unreadable(self) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from .boundaries import BoundaryConfig, Piece, infer_boundaries, split_segment
 from .metrics import choose_kl_metric, is_negated
-from .model import Finding, Lineage, LineageResult, ScanResult, Segment, Series, SourceError, SourceRead, cadence_of, extent_of
+from .model import Finding, Lineage, LineageResult, ScanResult, Segment, Series, SourceRead, cadence_of, extent_of
 from .parallel import Execution, read_one
 from .preference_reset import PreferenceResetConfig, PreferenceResetDetector
 from .reference_reset import ReferenceResetConfig, ReferenceResetDetector
@@ -225,13 +225,23 @@ def judge_reads(reads: Sequence[tuple[SourceRead, str | None]], *, config: ScanC
     kept: list[Lineage] = []
     sources: list[SourceRead] = []
     for read, pattern in reads:
-        matched = [lin for lin in build_lineages(read.segments, config=config) if matches_pattern(pattern, lin)]
+        lineages = build_lineages(read.segments, config=config)
+        matched = [lin for lin in lineages if matches_pattern(pattern, lin)]
         kept.extend(matched)
         if pattern and read.segments and not matched:
-            read = replace(read, errors=[*read.errors, SourceError(read.spec, f"{read.spec}: no training run matches #{pattern}")])
+            read = replace(read, unmatched=_unmatched(read.spec, pattern, lineages))
         sources.append(read)
     results = judge(kept) if judge is not None else [judge_lineage(lin, config=config) for lin in kept]
     return ScanResult(sources=sources, results=results)
+
+
+def _unmatched(spec: str, pattern: str, lineages: Sequence[Lineage]) -> str:
+    """What to say of a ``#PATTERN`` that kept none of a SOURCE's training runs: the ones there, so the user
+    can name one (at most 20 of them listed)."""
+    names = sorted({lin.name for lin in lineages})
+    shown = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+    return (f"{spec}: no training run matches #{pattern} (a glob on the run's name or id; runs there: "
+            f"{shown or 'none'})")
 
 
 def scan(specs: Sequence[str], *, config: ScanConfig = ScanConfig(),

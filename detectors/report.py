@@ -32,10 +32,11 @@ JUDGED_STATUSES = frozenset({"reference_reset", "ok", "intentional", "inconclusi
 
 
 def exit_code(result: ScanResult) -> int:
-    """SPEC.md: 1 on any reset; 2 when nothing could be read; 3 when some of it could not; else 0."""
+    """SPEC.md: 1 on any reset; 2 when nothing could be read (or a ``#PATTERN`` named no run); 3 when some of it
+    could not; else 0."""
     if result.any_reset:
         return EXIT_RESET
-    if result.nothing_read:
+    if result.nothing_read or result.unmatched:  # a #PATTERN naming no run is bad usage, not a read failure
         return EXIT_USAGE
     if result.any_error:
         return EXIT_UNREADABLE
@@ -248,7 +249,7 @@ def to_dict(result: ScanResult) -> dict[str, Any]:
         "generated_at": result.generated_at,
         "sources": [{"spec": redact_spec(s.spec), "kinds": list(s.kinds),
                      "error": "; ".join(e.message for e in s.errors) or None,
-                     "warnings": list(s.warnings)} for s in result.sources],
+                     "warnings": list(s.warnings), "unmatched": s.unmatched} for s in result.sources],
         "lineages": [lineage_dict(r) for r in result.results],
     }, secret_free(result)))
 
@@ -290,8 +291,10 @@ def nothing_judged(result: ScanResult) -> str | None:
     """Why not one training run of the scan was judged against its reference (every one without a KL or
     implicit rewards, a ``--metric`` naming nothing, too few points, unreadable), free of secrets; None when one
     was, or when nothing could be read (exit 2 says that)."""
-    if result.nothing_read or any(r.status in JUDGED_STATUSES for r in result.results):
+    if result.nothing_read or result.unmatched or any(r.status in JUDGED_STATUSES for r in result.results):
         return None
+    if not result.results:
+        return secret_free(result)("no training run was found in what was read")
     counts: dict[str, int] = {}
     for r in result.results:
         counts[r.status] = counts.get(r.status, 0) + 1
@@ -480,7 +483,7 @@ def _junit_case(suite: Element, r: LineageResult, finding_lines: list[str]) -> l
 # ------------------------------------------------------------------ a scan as its reports need it
 
 
-VIEW_FORMAT = 1
+VIEW_FORMAT = 2
 """Bumped when what ``scan_view`` keeps changes (klwatch's code version keys the memo as well)."""
 
 
@@ -515,10 +518,10 @@ def scan_view(result: ScanResult) -> dict[str, Any]:
 
     return {"format": VIEW_FORMAT,
             "sources": [{"spec": s.spec, "kinds": list(s.kinds), "errors": [e.message for e in s.errors],
-                         "warnings": list(s.warnings)} for s in result.sources],
+                         "warnings": list(s.warnings), "unmatched": s.unmatched} for s in result.sources],
             "results": [run(r) for r in result.results],
             "any_reset": result.any_reset, "any_error": result.any_error, "nothing_read": result.nothing_read,
-            "unreadable": list(result.unreadable)}
+            "unreadable": list(result.unreadable), "unmatched": list(result.unmatched)}
 
 
 def view_json(view: dict[str, Any]) -> str | None:
@@ -565,8 +568,8 @@ class ScanView(_Record):
             return _Record(**{**d, "lineage": _Record(**{**lin, "segments": segments}), "verdicts": verdicts,
                               "findings": [_Record(**f) for f in d["findings"]]})
 
-        sources = [_Record(spec=s["spec"], kinds=s["kinds"], warnings=s["warnings"],
+        sources = [_Record(spec=s["spec"], kinds=s["kinds"], warnings=s["warnings"], unmatched=s["unmatched"],
                            errors=[_Record(message=m) for m in s["errors"]]) for s in data["sources"]]
         return cls(sources=sources, results=[run(r) for r in data["results"]], any_reset=data["any_reset"],
                    any_error=data["any_error"], nothing_read=data["nothing_read"], unreadable=data["unreadable"],
-                   generated_at=generated_at)
+                   unmatched=data["unmatched"], generated_at=generated_at)

@@ -318,3 +318,12 @@ def test_the_assert_api_fails_when_nothing_was_judged_or_too_few_resumes_were(ru
     with pytest.raises(AssertionError, match="klwatch judged nothing: no training run could be judged"):
         assert_no_reference_reset(runs / "good" / "grpo-fixed", metric="train/kl_penalti", min_boundaries=1)
     assert_no_reference_reset(runs / "good" / "grpo-fixed", min_boundaries=1)
+
+
+def test_a_pattern_naming_no_run_is_bad_usage_exit_2_and_lists_the_runs_there(runs):
+    res = check(f"{runs}#no-such-run-*")
+    assert res.exit_code == 2, res.output
+    err = " ".join(res.stderr.split())
+    assert "no training run matches #no-such-run-*" in err
+    assert "runs there: bad/grpo-buggy, bad/grpo-ratchet, good/grpo-continuous, good/grpo-fixed" in err
+    assert "could not be read" not in err and "judged against" not in err

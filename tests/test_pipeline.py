@@ -34,8 +34,9 @@ def test_judge_reads_leaves_the_reads_alone_and_reports_a_pattern_that_keeps_no_
     result = judge_reads([(read, "nothing-*")], config=ScanConfig())
     assert read.errors == before  # the caller's (cached) read is not touched
     assert result.results == []
-    assert [e.message for e in result.sources[0].errors] == ["store#nothing-*: no training run matches #nothing-*"]
-    assert result.unreadable == ["store#nothing-*: no training run matches #nothing-*"]
+    said = "store#nothing-*: no training run matches #nothing-* (a glob on the run's name or id; runs there: run)"
+    assert result.sources[0].errors == [] and result.unreadable == []  # bad usage (exit 2), not a read failure
+    assert result.sources[0].unmatched == said and result.unmatched == [said]
 
 
 def test_a_matching_pattern_keeps_the_run_and_judges_it():
