@@ -349,8 +349,9 @@ def _error_owner(seg: Segment, lineages: list[tuple[str, str, list[Segment]]], *
 
     Its identity is what its path says (``sources.local.error_segment``): an explicit ``--lineage``
     glob matching its ref or run id decides first; else an event file belongs to the run whose event
-    files share its run folder (a folder holding several training runs: the latest one started before
-    the file was created), else to the only run in a launch folder beside it started before it; a
+    files share its run folder (the only one there, even when the file is older than every file read, as
+    a run's unreadable first launch is; of several training runs, the latest one started before the file
+    was created), else to the only run in a launch folder beside it started before it; a
     tracker run to the run holding a piece with its run id in the same or a sibling store. Never a
     guess between two runs."""
     if config.lineage_map:
@@ -366,6 +367,8 @@ def _error_owner(seg: Segment, lineages: list[tuple[str, str, list[Segment]]], *
         beside = [lin for lin in same_kind if any(m.kind == "tensorboard" and _launch_siblings(_folder(m), seg.group)
                                                   for m in lin[2])]
         for candidates, alone in ((here, False), (beside, True)):
+            if len(candidates) == 1 and not alone:
+                return candidates[0]  # the one run of its folder: its file whenever it was made (its first launch's too)
             started = _started_before(candidates, seg.start_time)
             if len(started) == 1 or (started and not alone):
                 return started[-1]

@@ -71,6 +71,22 @@ def test_an_unreadable_event_file_joins_its_run_folders_training_run(post_resume
     assert any(f"grpo-7b/{bad.name} could not be read" in n for n in r.lineage.notes)
 
 
+def test_an_unreadable_first_launch_joins_the_one_run_of_its_folder_though_older_than_every_file_read(
+        tmp_path: Path) -> None:
+    """Issue 25, 3: the unreadable file is the run's first launch, older than any file that could be read: still a
+    member of the only run its folder holds (it was a run of its own, status error, beside an ``ok`` run whose
+    ``error`` was None)."""
+    run = tmp_path / "runs" / "resume-buggy"
+    write_run(run, resumes=[40], buggy=True)
+    first = _event_files(run)[0]
+    corrupt_mid_file(first)
+    result = scan([str(tmp_path / "runs")])
+    r = only(result)
+    assert r.lineage.name == "resume-buggy" and first.name in (r.error or "")
+    assert any(first.name in why for why in r.incomplete)
+    assert exit_code(result) == EXIT_UNREADABLE
+
+
 def test_a_run_with_an_unreadable_member_is_incomplete_with_the_file_and_why(post_resume_corrupt: Path) -> None:
     result = scan([str(post_resume_corrupt)])
     r = only(result)
