@@ -76,8 +76,10 @@ def test_an_unreadable_first_launch_joins_the_one_run_of_its_folder_though_older
     """Issue 25, 3: the unreadable file is the run's first launch, older than any file that could be read: still a
     member of the only run its folder holds (it was a run of its own, status error, beside an ``ok`` run whose
     ``error`` was None)."""
+    import time
+
     run = tmp_path / "runs" / "resume-buggy"
-    write_run(run, resumes=[40], buggy=True)
+    write_run(run, resumes=[40], buggy=True, start_wall=time.time())  # events stamped when their files are named
     first = _event_files(run)[0]
     corrupt_mid_file(first)
     result = scan([str(tmp_path / "runs")])
