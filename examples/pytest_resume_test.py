@@ -5,6 +5,7 @@ wrote that the KL to the reference did not collapse at the resume. Here klwatch'
 stands in for the framework (a small GRPO-style job, one process per launch, logging through
 TensorBoard); in your repository, call your own trainer instead of ``train_checkpoint_resume``.
 
+    .venv/bin/pip install -e '.[examples]'   # the generator's TensorBoard writer (scripts/setup.sh --test has it)
     .venv/bin/pytest examples/pytest_resume_test.py
 """
 

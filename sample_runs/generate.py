@@ -410,6 +410,23 @@ def _split(s: str) -> list[str]:
     return [x.strip() for x in s.split(",") if x.strip()]
 
 
+TRACKER_MODULES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",)}
+"""What each tracker's writers import (tensorboardX: the torch-style writer of half the TensorBoard scenarios;
+klwatch itself never needs it, so it comes with the ``examples`` extra, not the package)."""
+
+
+def _tracker_installed(tracker: str) -> bool:
+    """Whether the packages a tracker's writers need import; said on stderr when not (the tracker is skipped)."""
+    for module in TRACKER_MODULES[tracker]:
+        try:
+            __import__(module)
+        except ImportError:
+            print(f"skipping {tracker}: the {module} package is not installed (pip install 'klwatch[examples]', "
+                  "or scripts/setup.sh --test)", file=sys.stderr)
+            return False
+    return True
+
+
 def generate(*, out: Path, scenario_names: Sequence[str] | None = None,
              tracker_names: Sequence[str] = TRACKERS, layouts: Sequence[str] | None = None,
              coverage: str = "committed", steps: int = DEFAULT_STEPS, step_delay: float = 0.01,
@@ -418,15 +435,7 @@ def generate(*, out: Path, scenario_names: Sequence[str] | None = None,
     bad = [t for t in tracker_names if t not in TRACKERS]
     if bad:
         raise SystemExit(f"unknown tracker(s): {', '.join(bad)}; known: {', '.join(TRACKERS)}")
-    available = []
-    for t in tracker_names:
-        module = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}[t]
-        try:
-            __import__(module)
-        except ImportError:
-            print(f"skipping {t}: the {module} package is not installed", file=sys.stderr)
-            continue
-        available.append(t)
+    available = [t for t in tracker_names if _tracker_installed(t)]
     plans = plan_runs(steps=steps, names=scenario_names, tracker_names=available, layouts=layouts,
                       coverage=coverage)
     if not plans:

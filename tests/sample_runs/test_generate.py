@@ -206,3 +206,40 @@ def test_committed_manifest_agrees_with_the_committed_logs() -> None:
         checked += 1
     con.close()
     assert checked >= 13
+
+
+def test_a_tracker_whose_writer_package_is_missing_is_skipped_with_a_message_not_a_traceback(tmp_path: Path) -> None:
+    """Issue 25, 4: without tensorboardX (the README's plain install) the generator says what to install and
+    writes what it can; before, a ModuleNotFoundError traceback from inside a launch."""
+    import os
+    import subprocess
+
+    hidden = tmp_path / "hide"
+    (hidden / "tensorboardX").mkdir(parents=True)
+    (hidden / "tensorboardX" / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    env = {**os.environ, "PYTHONPATH": str(hidden)}
+    proc = subprocess.run([sys.executable, str(REPO / "sample_runs" / "generate.py"), "--out", str(tmp_path / "runs"),
+                           "--scenarios", "resume-fixed", "--trackers", "tensorboard,mlflow", "--steps", "12",
+                           "--step-delay", "0", "--restart-gap", "0.2", "--quiet"], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert "skipping tensorboard: the tensorboardX package is not installed (pip install 'klwatch[examples]'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert {r["tracker"] for r in json.loads((tmp_path / "runs" / "manifest.json").read_text())["runs"]} == {"mlflow"}
+
+
+def test_the_examples_install_what_the_generator_imports() -> None:
+    """The example workflow's setup and the pytest example's docstring install the ``examples`` extra, which holds
+    every package the generator's writers import beyond klwatch's own dependencies."""
+    import tomllib
+
+    import yaml
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    core = " ".join(project["dependencies"])
+    needed = {m for mods in generate.TRACKER_MODULES.values() for m in mods if m not in core}
+    assert needed and needed <= {d.split(">")[0].split("=")[0] for d in project["optional-dependencies"]["examples"]}
+    wf = yaml.safe_load((REPO / "examples" / "github-actions" / "klwatch-resume-test.yml").read_text())
+    setup = next(s for s in wf["jobs"]["resume-test"]["steps"] if s.get("id") == "setup")
+    assert 'pip install -e ".[examples]"' in setup["run"]
+    assert "pip install -e '.[examples]'" in (REPO / "examples" / "pytest_resume_test.py").read_text()
