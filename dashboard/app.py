@@ -23,6 +23,12 @@ from pathlib import Path
 
 import streamlit as st
 
+# `python -m streamlit` puts the working directory first on the import path: started from the folder that holds
+# a clone named klwatch/, that folder would shadow the installed package (a namespace package, with no
+# __version__). The app imports nothing from the working directory.
+if "klwatch" not in sys.modules and os.path.isdir("klwatch"):
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != os.getcwd()]
+
 try:
     from klwatch.dashboard import charts, data, safety
 except ModuleNotFoundError as exc:  # `streamlit run dashboard/app.py` in a checkout nobody installed

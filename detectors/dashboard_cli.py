@@ -44,7 +44,9 @@ def streamlit_command(*, sources: list[str], port: int, address: str, allow_add:
     """The ``streamlit run`` invocation: headless (no browser opened), no usage statistics sent; the
     app's own arguments after ``--`` (its allow-list first, then the SOURCEs)."""
     allow = [arg for entry in allow_add for arg in (ALLOW_ADD_FLAG, entry)]
-    return [sys.executable, "-m", "streamlit", "run", str(app_path()),
+    # -P: the working directory is not put on the import path, so a folder named klwatch/ there (the clone,
+    # seen from its parent) cannot shadow the installed package
+    return [sys.executable, "-P", "-m", "streamlit", "run", str(app_path()),
             "--server.headless=true", "--browser.gatherUsageStats=false", "--client.toolbarMode=viewer",
             f"--server.port={port}", f"--server.address={address}",
             "--", *allow, *sources]

@@ -16,8 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_the_command_runs_the_dashboard_app_headless_without_usage_stats() -> None:
     cmd = dashboard_cli.streamlit_command(sources=["runs/", "wandb://team/rl#grpo-*"], port=8765, address="127.0.0.1")
-    assert cmd[:4] == [sys.executable, "-m", "streamlit", "run"]
-    assert Path(cmd[4]) == REPO / "dashboard" / "app.py" and Path(cmd[4]).is_file()
+    assert cmd[:5] == [sys.executable, "-P", "-m", "streamlit", "run"]  # -P: the working directory never shadows
+    assert Path(cmd[5]) == REPO / "dashboard" / "app.py" and Path(cmd[5]).is_file()
     assert "--server.headless=true" in cmd and "--browser.gatherUsageStats=false" in cmd
     assert "--server.port=8765" in cmd and "--server.address=127.0.0.1" in cmd
     assert cmd[cmd.index("--") + 1:] == ["runs/", "wandb://team/rl#grpo-*"]  # the app's own arguments

@@ -49,14 +49,20 @@ def test_streamlit_run_from_the_repository_listens_on_this_machine_only(runs: Pa
         _assert_this_machine_only(port)
 
 
+def test_streamlit_run_from_anywhere_else_listens_on_this_machine_only(runs: Path, tmp_path: Path) -> None:
+    # the app's own .streamlit/config.toml, beside its script, applies wherever Streamlit is started from
+    with running_streamlit([str(runs)], log=tmp_path / "streamlit.log", cwd=tmp_path, env=_env()) as (_, port):
+        _assert_this_machine_only(port)
+
+
 @pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
 def test_a_streamlit_on_every_interface_serves_nothing_without_the_opt_in(runs: Path, tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
-    # from anywhere else Streamlit's own default applies: every interface
+    # every interface asked for on the command line, without the opt-in
     with running_streamlit([str(runs)], log=tmp_path / "streamlit.log", cwd=tmp_path, env=_env(),
-                           options=["--browser.gatherUsageStats=false"]) as (url, port), sync_playwright() as pw:
+                           options=["--server.address=0.0.0.0"]) as (url, port), sync_playwright() as pw:
         assert listening_addresses(port) & {"0.0.0.0", "::"}  # what the checks above would have caught
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
         try:
