@@ -456,4 +456,5 @@ class ScanResult:
         """What could not be read, one message each: every SOURCE's errors, then every training run
         with an unreadable part (named)."""
         return [e.message for s in self.sources for e in s.errors] + \
-               [f"{r.lineage.name}: {r.error}" for r in self.results if r.error]
+               [r.error if r.error.startswith(r.lineage.name) else f"{r.lineage.name}: {r.error}"
+                for r in self.results if r.error]  # a run named by its one file: the file said once

@@ -518,6 +518,7 @@ def read_all(specs: Sequence[str], *, limits: ReadLimits, workers: Workers, read
     ones a few at a time in threads, local ones looked through here and their units read by
     ``workers``."""
     from .sources.local import plan_local
+    from .sources.pool import pooling
 
     parts = [split_pattern(spec) for spec in specs]
     remote = [i for i, (base, _) in enumerate(parts) if is_remote(base)]
@@ -527,20 +528,21 @@ def read_all(specs: Sequence[str], *, limits: ReadLimits, workers: Workers, read
     try:
         remote_futures = {i: threads.submit(read_source, parts[i][0], limits=limits) for i in remote} if threads else {}
         local: dict[int, _Local] = {}
-        for i, (base, _) in enumerate(parts):
-            if i in remote_futures:
-                continue
-            if progress:
-                progress(specs[i])
-            budget = Budget(limits, what=redact_spec(base))
-            started = time.monotonic()
-            with reading(budget):
-                try:
-                    plan = plan_local(base)
-                except Exception as exc:  # noqa: BLE001 - as read_source
-                    reads[i] = SourceRead(spec=base, errors=[SourceError(base, f"{type(exc).__name__}: {exc}")])
+        with pooling(specs):  # the local SOURCEs are read as one fleet (``sources.pool``)
+            for i, (base, _) in enumerate(parts):
+                if i in remote_futures:
                     continue
-            local[i] = _Local(plan=plan, budget=budget, looked=time.monotonic() - started)
+                if progress:
+                    progress(specs[i])
+                budget = Budget(limits, what=redact_spec(base))
+                started = time.monotonic()
+                with reading(budget):
+                    try:
+                        plan = plan_local(base)
+                    except Exception as exc:  # noqa: BLE001 - as read_source
+                        reads[i] = SourceRead(spec=base, errors=[SourceError(base, f"{type(exc).__name__}: {exc}")])
+                        continue
+                local[i] = _Local(plan=plan, budget=budget, looked=time.monotonic() - started)
         _read_units(local, workers=workers, read_unit=read_unit, progress=progress, specs=specs)
         from .sources.local import finish_local
 
@@ -613,7 +615,7 @@ def _read_units(local: dict[int, _Local], *, workers: Workers, read_unit: Any,
     to_read = [(local[i].plan, local[i].plan.units[k]) for i, k in items]
     pending = getattr(read_unit, "__self__", None)
     if hasattr(pending, "will_read"):  # a scan cache: count only what it will really read (changed files)
-        to_read = [(plan, u) for plan, u in to_read if pending.will_read(u, root=plan.root, spec=plan.spec)]
+        to_read = [(plan, u) for plan, u in to_read if pending.will_read(u, root=plan.read_root, spec=plan.read_spec)]
     runner = workers.runner(len(items), worth_a_pool=_worth_a_pool([u for _, u in to_read],
                                                                    execution=workers.execution))
 
@@ -629,7 +631,7 @@ def _read_units(local: dict[int, _Local], *, workers: Workers, read_unit: Any,
         if left < 0:
             return None
         plan = state.plan
-        return (read_unit_task, UnitTask(unit=plan.units[k], root=plan.root, spec=plan.spec, read_unit=read_unit,
+        return (read_unit_task, UnitTask(unit=plan.units[k], root=plan.read_root, spec=plan.read_spec, read_unit=read_unit,
                                          limits=state.budget.limits, what=state.budget.what,
                                          used=state.budget.used, deadline=time.time() + left))
 
@@ -652,7 +654,7 @@ def _read_units(local: dict[int, _Local], *, workers: Workers, read_unit: Any,
                                     f"{state.budget.limits.max_seconds:g} s (at {unit.path}); "
                                     "raise the bound with --max-read-seconds")
             if isinstance(outcome, _TaskLost):
-                got = unit_failed(unit, root=plan.root, spec=plan.spec, message=str(outcome))
+                got = unit_failed(unit, root=plan.read_root, spec=plan.read_spec, message=str(outcome))
             else:
                 if outcome.limit is not None:
                     raise LimitExceeded(outcome.limit)

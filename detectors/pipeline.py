@@ -22,6 +22,7 @@ from .reference_reset import ReferenceResetConfig, ReferenceResetDetector
 from .sources import read_source, split_pattern
 from .sources.limits import ReadLimits
 from .sources.local import ReadUnit
+from .sources.pool import local_pool, pooling
 from .step_axis import step_axis_metric, to_framework_steps
 from .stitching import StitchConfig, effective_configs, starts_over, stitch
 
@@ -81,13 +82,14 @@ def read_sources(specs: Sequence[str], *, progress: Callable[[str], None] | None
     """Read every SOURCE; each comes back with its ``#PATTERN`` (if any). ``read`` reads one SOURCE
     without its pattern (the watcher passes its cache's)."""
     out = []
-    for spec in specs:
-        base, pattern = split_pattern(spec)
-        if progress:
-            progress(spec)
-        read_one = read(base)
-        read_one.spec = spec
-        out.append((read_one, pattern))
+    with pooling(specs):  # the local SOURCEs are read as one fleet (``sources.pool``)
+        for spec in specs:
+            base, pattern = split_pattern(spec)
+            if progress:
+                progress(spec)
+            read_one = read(base)
+            read_one.spec = spec
+            out.append((read_one, pattern))
     return out
 
 
@@ -219,20 +221,41 @@ def judge_lineage(lineage: Lineage, *, config: ScanConfig) -> LineageResult:
 def judge_reads(reads: Sequence[tuple[SourceRead, str | None]], *, config: ScanConfig,
                 judge: Callable[[Sequence[Lineage]], list[LineageResult]] | None = None) -> ScanResult:
     """Stitch each read into training runs and judge those its ``#PATTERN`` keeps; a pattern that
-    keeps none is an error of that SOURCE in the result. The reads are left as they were (the
+    keeps none is said on that SOURCE in the result. The local SOURCEs read as one fleet
+    (``sources.pool``) are stitched together, their runs where the first of them stands. The reads are left as they were (the
     dashboard and the watcher cache them). Stitching is done here; ``judge`` judges the kept runs
     in order (``judge_lineage`` on each by default; ``klwatch.parallel`` hands them to workers)."""
     kept: list[Lineage] = []
     sources: list[SourceRead] = []
+    pool = local_pool([read.spec for read, _ in reads])
+    pooled: list[Segment] = []
+    pooled_at: int | None = None
     for read, pattern in reads:
+        if pool is not None and pattern is None and read.spec in pool.members:
+            pooled.extend(read.segments)  # read from the pool's parent: stitched as one fleet, below
+            pooled_at = len(kept) if pooled_at is None else pooled_at
+            sources.append(read)
+            continue
         lineages = build_lineages(read.segments, config=config)
         matched = [lin for lin in lineages if matches_pattern(pattern, lin)]
         kept.extend(matched)
         if pattern and read.segments and not matched:
             read = replace(read, unmatched=_unmatched(read.spec, pattern, lineages))
         sources.append(read)
+    if pooled_at is not None:
+        kept[pooled_at:pooled_at] = _in_source_order(build_lineages(pooled, config=config), pooled)
     results = judge(kept) if judge is not None else [judge_lineage(lin, config=config) for lin in kept]
     return ScanResult(sources=sources, results=results)
+
+
+def _in_source_order(lineages: list[Lineage], segments: list[Segment]) -> list[Lineage]:
+    """A pool's training runs in the order of the SOURCEs given (by the earliest piece of each), as separate
+    SOURCEs list theirs; stitching's own order within one SOURCE."""
+    where: dict[tuple[str, str], int] = {}
+    for i, s in enumerate(segments):
+        where.setdefault((s.kind, s.ref), i)  # by kind and ref: stitching may hand back copies (on the step axis)
+    last = len(segments)
+    return sorted(lineages, key=lambda lin: min((where.get((s.kind, s.ref), last) for s in lin.segments), default=last))
 
 
 def _unmatched(spec: str, pattern: str, lineages: Sequence[Lineage]) -> str:

@@ -91,6 +91,8 @@ class LocalReadCache:
     def __init__(self, limits: ReadLimits = ReadLimits()) -> None:
         self.limits = limits
         self._units: dict[tuple[str, str, str], _Kept] = {}
+        self._live: dict[str, set[tuple[str, str, str]]] = {}
+        """The units each SOURCE read at its last poll."""
         self.stats: dict[str, ReadStats] = {}
         self._stats = ReadStats()  # the SOURCE being read now
 
@@ -128,8 +130,9 @@ class LocalReadCache:
 
         self._stats = stats
         out = read_local(spec, read_unit=cached_read_unit)
-        for key in [k for k in self._units if k[0] == spec and k not in live]:
-            del self._units[key]  # a file that went away is forgotten, not reported from the cache
+        for key in self._live.get(spec, set()) - live:
+            self._units.pop(key, None)  # a file that went away is forgotten, not reported from the cache
+        self._live[spec] = live  # by SOURCE: pooled SOURCEs share the spec their units are read under
         return out
 
     def _read_changed(self, unit: Unit, *, root: Path, spec: str, key: tuple[str, str, str], stat: tuple[Any, ...],

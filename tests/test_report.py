@@ -49,8 +49,10 @@ def scan_of(*sources: Path | str, config: ScanConfig = ScanConfig()) -> ScanResu
 
 @pytest.fixture(scope="module")
 def everything(logs: Path) -> ScanResult:
-    """Every run, the corrupt folder and a source that does not exist."""
-    return scan_of(logs / "runs", logs / "bad", logs / "missing")
+    """Every run, the corrupt folder and a source that does not exist. The corrupt folder carries a ``#PATTERN``
+    that keeps all its runs: a SOURCE with a pattern keeps its runs to itself (local SOURCEs without one are read
+    as one fleet, named from their common parent), so every run keeps the name its own folder gives it."""
+    return scan_of(logs / "runs", f"{logs / 'bad'}#*", logs / "missing")
 
 
 def by_name(result: ScanResult) -> dict[str, str]:

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from ..model import Segment, SegmentKind, SourceError, SourceRead
 from ..source_names import SKIP_DIRS, TABLE_SUFFIXES, is_input_name
+from .pool import current_pool
 from .limits import LimitExceeded, NotRegularFile, current_budget, is_regular_file, path_kind, read_regular, walk
 
 CHECKPOINT_DIR = re.compile(r"^(step_\d+|checkpoint-\d+|global_step_\d+)$")
@@ -288,6 +289,16 @@ class LocalPlan:
     root: Path
     units: list[Unit]
     out: SourceRead
+    read_root: Path | None = None
+    """Where the units' refs are taken from: ``root``, or the common parent of a pool (``sources.pool``)."""
+    read_spec: str | None = None
+    """The ``source`` of every Segment read: ``spec``, or the pool's parent."""
+    shared: int = 0
+    """Units left out as an earlier pooled SOURCE planned them already."""
+
+    def __post_init__(self) -> None:
+        self.read_root = self.read_root or self.root
+        self.read_spec = self.read_spec or self.spec
 
 
 def plan_local(spec: str) -> LocalPlan:
@@ -305,7 +316,12 @@ def plan_local(spec: str) -> LocalPlan:
         out.errors.append(SourceError(spec, f"{exc}; stopped while looking for runs, nothing read"))
         return LocalPlan(spec, root, [], out)
     out.errors.extend(errors)
-    return LocalPlan(spec, root, units, out)
+    pool = current_pool(spec)
+    if pool is None:
+        return LocalPlan(spec, root, units, out)
+    mine = [u for u in units if str(u.path) not in pool.claimed]
+    pool.claimed.update(str(u.path) for u in mine)
+    return LocalPlan(spec, root, mine, out, read_root=pool.root, read_spec=pool.spec, shared=len(units) - len(mine))
 
 
 def add_unit_read(plan: LocalPlan, unit: Unit, got: UnitRead) -> None:
@@ -327,7 +343,7 @@ def stop_at_bound(plan: LocalPlan, message: str, *, done: int, unit: Unit) -> No
 def finish_local(plan: LocalPlan) -> SourceRead:
     """The SourceRead of a plan whose units were all added (or stopped at the bound)."""
     out = plan.out
-    if not out.segments and not out.errors:
+    if not out.segments and not out.errors and not plan.shared:
         out.errors.append(SourceError(plan.spec, f"{plan.spec}: no runs found (no W&B run folders, MLflow stores, "
                                                  "TensorBoard event files, tables or checkpoint folders)"))
     return out
@@ -343,7 +359,7 @@ def read_local(spec: str, *, read_unit: ReadUnit = read_unit) -> SourceRead:
     for done, unit in enumerate(plan.units):
         try:
             current_budget().check_time(str(unit.path))
-            got = read_unit(unit, root=plan.root, spec=spec)
+            got = read_unit(unit, root=plan.read_root, spec=plan.read_spec)
         except LimitExceeded as exc:
             stop_at_bound(plan, str(exc), done=done, unit=unit)
             break
