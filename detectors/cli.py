@@ -128,6 +128,8 @@ def scan_command(
     report_errors(result)
     if output is not None:
         write_output(output, _report_text(result, fmt), flag="--output")
+    elif fmt == "table" and result.nothing_read:
+        pass  # nothing could be read: the errors above say why, no empty table under them
     elif fmt == "table":
         # piped into a file or a CI log: do not squeeze the table into 80 columns
         from rich.console import Console

@@ -38,7 +38,8 @@ def _err() -> Console:
     """The console every face writes its stderr lines through (made on first use: rich loads then)."""
     from rich.console import Console
 
-    return Console(stderr=True)
+    # a log file (cron, CI) gets each line whole: no hard wrap at 80 columns when stderr is not a terminal
+    return Console(stderr=True, soft_wrap=not sys.stderr.isatty())
 
 
 def __getattr__(name: str) -> Any:
@@ -61,7 +62,7 @@ RestartOpt = Annotated[Optional[list[int]], typer.Option("--restart", help="A st
 GroupOpt = Annotated[Optional[str], typer.Option("--group-by", help="Stitch tracker runs into training runs by this config/tag key.")]
 LineageOpt = Annotated[Optional[Path], typer.Option("--lineage", help='JSON file {"run name": ["ref or run-id glob", ...]} overriding stitching.')]
 ResetScoreOpt = Annotated[float, typer.Option("--reset-score", min=0.0, max=1.0, help="Score at or above which a boundary is a reference reset.")]
-MaxBytesOpt = Annotated[int, typer.Option("--max-read-bytes", min=1, help="Most bytes reading one SOURCE may take (files and server responses together); default: half the machine's memory, at most 16 GiB.")]
+MaxBytesOpt = Annotated[int, typer.Option("--max-read-bytes", min=1, show_default=False, help="Most bytes reading one SOURCE may take (files and server responses together); default: half the machine's memory, at most 16 GiB.")]
 MaxSecondsOpt = Annotated[float, typer.Option("--max-read-seconds", min=0.001, help="Most wall time reading one SOURCE may take, however its server answers.")]
 JobsOpt = Annotated[Optional[int], typer.Option(
     "--jobs", "-j", min=1, show_default=False,
@@ -255,7 +256,30 @@ class QuickCoercion:
     def get_params(self, ctx: Any) -> list[Any]:
         params = super().get_params(ctx)  # type: ignore[misc]
         quick_coercion(params)
+        readable_metavars(params)
         return params
+
+
+METAVARS = {"sources": "SOURCE", "control": "CONTROL", "resumed": "RESUMED", "metric": "NAME",
+            "intentional_reset": "STEP", "restart": "STEP", "from_step": "STEP", "group_by": "KEY", "lineage": "FILE",
+            "reset_score": "SCORE", "max_read_bytes": "BYTES", "max_read_seconds": "SECONDS", "jobs": "N",
+            "fmt": "FORMAT", "output": "FILE", "junit": "FILE", "fail_on": "DETECTOR", "every": "SECONDS",
+            "state_path": "FILE", "webhook": "URL", "dashboard_url": "URL", "port": "PORT", "address": "ADDRESS",
+            "allow_add": "ROOT_OR_HOST", "sigmas": "SIGMAS", "window": "N"}
+"""What ``--help`` shows a value as (a word, as Unix usage has it; typer would show its Python type: ``<list[str]>``)."""
+
+
+def readable_metavars(params: list[Any]) -> None:
+    """Give each parameter without a metavar of its own the word ``METAVARS`` has for it (its name, in capitals,
+    for one not listed); flags take no value and get none."""
+    for p in params:
+        if getattr(p, "metavar", None) is None and not getattr(p, "is_flag", False) and p.name:
+            p.metavar = METAVARS.get(p.name, p.name.upper())
+        if getattr(p, "param_type_name", "") == "argument" and hasattr(p, "_usage_display_name"):
+            word = p.metavar + ("..." if p.nargs != 1 else "")
+            shown = word if p.required else f"[{word}]"
+            p._usage_display_name = lambda shown=shown: shown  # SOURCE..., not typer's {SOURCE}...
+            p.display_type_rich = lambda ctx: None  # nor its Python type after the name
 
 
 class KlwatchCommand(QuickCoercion, TyperCommand):
@@ -449,14 +473,16 @@ def _temp_beside(target: Path) -> tuple[int, Path]:
 
 
 def probe_writable(path: Path) -> None:
-    """Raise the OSError writing ``path`` would raise, by creating and removing a file beside it:
-    cheap, so a bad output path fails before a long scan rather than after it."""
+    """Raise the OSError writing ``path`` would raise, by creating and removing a file beside it (making the
+    folders it is to go in, as ``--state`` does): cheap, so a bad output path fails before a long scan rather
+    than after it."""
     target, in_place = _write_target(path)
     if in_place or target.exists():
         if not os.access(target, os.W_OK):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(target))
         if in_place:
             return
+    target.parent.mkdir(parents=True, exist_ok=True)  # as --state: a folder that does not exist yet is made
     fd, tmp = _temp_beside(target)
     os.close(fd)
     os.unlink(tmp)

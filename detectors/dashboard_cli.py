@@ -23,6 +23,7 @@ from rich.markup import escape
 from .cli_common import err
 from .dashboard.safety import ALLOW_ADD_FLAG, PUBLIC_ENV, AllowList, is_loopback
 from .redact import redact_spec
+from .source_names import REMOTE_PREFIXES, split_pattern
 from .report import EXIT_USAGE
 
 
@@ -86,6 +87,15 @@ def dashboard_command(
         err.print("[red]error[/] --allow-add " + escape(str(exc)), highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_USAGE) from None
     specs = list(sources or default_sources())
+    missing = [s for s in specs if not s.startswith(REMOTE_PREFIXES) and not os.path.exists(
+        os.path.expanduser(split_pattern(s)[0]))]
+    if missing:  # as --allow-add refuses one: a dashboard on nothing is a usage error, said before it starts
+        from .sources.local import what_to_give
+
+        base = split_pattern(missing[0])[0]
+        err.print("[red]error[/] " + escape(f"no such file or folder: {redact_spec(base)}"
+                                            + what_to_give(Path(base), redact_spec(base))), highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE)
     shown = "localhost" if address in ("127.0.0.1", "0.0.0.0") else address
     err.print(escape(f"klwatch dashboard on http://{shown}:{port} reading {', '.join(redact_spec(s) for s in specs)} "
                      "(Ctrl+C to stop)"), highlight=False, soft_wrap=True)

@@ -45,6 +45,18 @@ def _redact_path(host: str, path: str) -> str:
     return "/".join(MASK if _TOKENISH.match(seg) else seg for seg in segs)
 
 
+_HOST = re.compile(r"^[A-Za-z0-9.-]{1,253}$")
+
+
+def _redact_schemeless(url: str) -> str:
+    """A value given as a URL without its scheme (``hooks.slack.com/services/T0/B0/XYZ``): its host when it has
+    one, the rest masked, so a user can tell which value is meant; else only the mask."""
+    host, sep, _ = url.partition("/")
+    if "@" in host or ":" in host.split(".")[0] or not _HOST.match(host) or "." not in host:
+        return MASK
+    return host + (f"/{MASK}" if sep else "")
+
+
 def redact_url(url: str) -> str:
     """A URL safe to print: no userinfo, no query or fragment values, no token-like path parts.
 
@@ -56,7 +68,7 @@ def redact_url(url: str) -> str:
     except ValueError:
         return MASK
     if not parts.scheme or not parts.netloc:
-        return MASK
+        return _redact_schemeless(url)
     host = parts.hostname or ""
     netloc = host if ":" not in host else f"[{host}]"
     try:

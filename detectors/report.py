@@ -348,11 +348,11 @@ def render_table(result: ScanResult, console: Any) -> None:
                       Text(row["metric"]), row["step"], row["evidence"],
                       Text(row["verdict"], style=VERDICT_STYLE.get(row["verdict"], "")), row["score"], row["kl"])
     console.print(table)
-    for line in incomplete(result):
-        console.print(Text(f"warning: {printable(line)}", style="yellow"))
+    for line in incomplete(result):  # each line whole (soft wrap): a log keeps it on one line
+        console.print(Text(f"warning: {printable(line)}", style="yellow"), soft_wrap=True)
     if why := nothing_judged(result):
-        console.print(Text(f"warning: {printable(why)}", style="yellow"))
-    console.print(summary_line(result))
+        console.print(Text(f"warning: {printable(why)}", style="yellow"), soft_wrap=True)
+    console.print(summary_line(result), soft_wrap=True)
 
 
 def summary_line(result: ScanResult) -> str:

@@ -125,13 +125,18 @@ def watch_command(
     raise typer.Exit(code)
 
 
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
 def _sinks(urls: list[str]) -> list[Sink]:
     """stdout, then each distinct webhook; a URL that cannot be POSTed to is a usage error at start-up
     (shown redacted), never a crash at the first alert."""
-    for u in urls:
+    for i, u in enumerate(urls):
         problem = webhook_url_problem(u)
         if problem:
-            error_exit(f"--webhook {redact_url(u)!r} is not usable: {problem}")
+            which = f"the {_ordinal(i + 1)} of {len(urls)} --webhook values" if len(urls) > 1 else "--webhook"
+            error_exit(f"{which} ({redact_url(u)!r}) is not usable: {problem}")
     return [Sink.stdout()] + [Sink.webhook(u) for u in dict.fromkeys(urls)]
 
 

@@ -17,6 +17,7 @@ from spec_shape import check_report
 from tb_runs import write_run
 
 KLWATCH = [sys.executable, "-m", "klwatch.cli"]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def klwatch(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -228,17 +229,25 @@ def unwritable_paths(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     blocker.write_text("x")
     return {"under a file": (blocker / "out.xml", f"{blocker} is a file, not a folder"),
             "in /proc": (Path("/proc/klwatch-out.xml"), "no file can be created in /proc"),
-            "a folder": (tmp_path, "it is a folder, not a file"),
-            "no folder": (tmp_path / "missing" / "out.xml", f"the folder {tmp_path / 'missing'} does not exist")}
+            "a folder": (tmp_path, "it is a folder, not a file")}
 
 
-@pytest.mark.parametrize("case", ["under a file", "in /proc", "a folder", "no folder"])
+@pytest.mark.parametrize("case", ["under a file", "in /proc", "a folder"])
 @pytest.mark.parametrize("flag", ["--junit", "--output"])
 def test_an_unwritable_output_path_exits_2_naming_it_and_why_even_when_a_reset_is_found(runs, tmp_path, flag, case):
     path, why = unwritable_paths(tmp_path)[case]
     out = klwatch("scan", runs / "grpo-buggy", flag, path, "--format", "json")  # a reset: would exit 1
     one_line_error(out, f"cannot write {flag} {path}", why)
     assert not any(p.name.startswith(".klwatch-") for p in tmp_path.iterdir())  # no temporary file left
+
+
+@pytest.mark.parametrize("flag", ["--junit", "--output"])
+def test_an_output_in_folders_that_do_not_exist_yet_is_written_there_as_the_watch_state_is(runs, tmp_path, flag):
+    """Issue 25, 7: ``--junit``/``-o`` refused a missing folder while ``--state`` made it."""
+    path = tmp_path / "reports" / "klwatch" / "out.xml"
+    out = klwatch("scan", runs / "grpo-fixed", flag, path, "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert path.is_file() and path.stat().st_size > 0
 
 
 def test_output_files_are_written_whole_with_the_usual_permissions(runs, tmp_path):
@@ -321,3 +330,56 @@ def test_a_hostile_run_name_is_inert_in_the_table_and_on_stderr(tmp_path):
     assert "\x1b" not in both and "\x07" not in both and "##[" not in both
     assert "\\x1b]52;c;cHduZWQ=\\x07" in out.stdout and "[bold]z[/]" in out.stdout  # shown, not obeyed
     assert all(not ln.lstrip().startswith("::") for ln in both.splitlines())
+
+
+# ------------------------------------------------------------------ a new user's first hour (issue 25, 7)
+
+
+def test_nothing_readable_prints_the_error_and_no_empty_table(tmp_path):
+    (tmp_path / "people.csv").write_text("a,b\n1,2\n")
+    out = klwatch("scan", tmp_path / "people.csv")
+    assert out.returncode == 2 and out.stdout == ""  # no table, no "0 training run(s)" under a fatal error
+    assert out.stderr.count("people.csv") == 1 and "no step column" in out.stderr
+
+
+@pytest.mark.parametrize("given, said", [
+    ("http://localhost:5000", "for an MLflow server give mlflow://HOST:PORT"),
+    ("sqlite:///mlflow.db", "give the store's path itself: mlflow.db"),
+    ("ftp://example.com/x", "a SOURCE is a local path, wandb://ENTITY/PROJECT[/RUN_ID] or mlflow://HOST:PORT"),
+])
+def test_a_url_klwatch_does_not_read_says_what_to_give_instead(given, said):
+    one_line_error(klwatch("scan", given), f"no such file or folder: {given}", said)
+
+
+def test_a_wandb_log_file_or_an_mlflow_experiment_folder_says_what_to_give_instead(tmp_path):
+    import shutil
+
+    run = next((REPO / "sample_runs" / "trl" / "wandb" / "resume" / "wandb").glob("offline-run-*"))
+    log = next(run.glob("*.wandb"))
+    one_line_error(klwatch("scan", log), f"{log.name} is a W&B run's log: give its run folder {run}")
+    exp = tmp_path / "mlruns" / "123"
+    exp.mkdir(parents=True)
+    (exp / "meta.yaml").write_text("experiment_id: '123'\nname: grpo\n")
+    shutil.copytree(run, exp / "not-a-run")  # something in it, so it is looked through
+    out = klwatch("scan", exp)
+    assert "is an MLflow experiment folder: give the store " in out.stderr and str(tmp_path / "mlruns") in out.stderr
+
+
+def test_usage_shows_words_not_python_types():
+    out = klwatch("scan", "--help")
+    assert "list[" not in out.stdout and "<str>" not in out.stdout and "{SOURCE}" not in out.stdout
+    assert "scan [OPTIONS] SOURCE...\n" in out.stdout
+    assert "-m, --metric NAME" in out.stdout and "--intentional-reset STEP" in out.stdout
+
+
+def test_long_lines_are_not_wrapped_when_the_output_is_a_file(tmp_path):
+    long = tmp_path / ("a-run-folder-with-a-long-name-" * 5)
+    write_run(long, resumes=[40], buggy=True)
+    first = sorted(long.glob("events.out.tfevents.*"), key=lambda p: int(p.name.rsplit(".", 1)[-1]))[0]
+    data = bytearray(first.read_bytes())
+    data[9] ^= 0xFF  # unreadable: an error line and an "incomplete" warning, each longer than 200 columns
+    first.write_bytes(bytes(data))
+    out = klwatch("scan", tmp_path)
+    err = [ln for ln in out.stderr.splitlines() if ln.startswith("error")]
+    warn = [ln for ln in out.stdout.splitlines() if ln.startswith("warning")]
+    assert err and warn and all(len(ln) > 200 and ln.rstrip().endswith("file?)") for ln in err + warn), (err, warn)

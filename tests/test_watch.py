@@ -206,6 +206,18 @@ def test_a_malformed_webhook_is_a_usage_error_at_start_up(tmp_path):
     assert not (tmp_path / "s.db").exists()  # refused before anything was recorded
 
 
+def test_of_several_webhooks_the_bad_one_is_named_by_place_and_host_never_by_its_secret(tmp_path):
+    """Issue 25, 7: a bad --webhook was shown as '***' alone: with several, which one was it?"""
+    write_run(tmp_path / "runs" / "buggy", resumes=[30], buggy=True)
+    out = klwatch("watch", tmp_path / "runs", "--once", "--state", tmp_path / "s.db",
+                  "--webhook", "https://hooks.example.com/services/T0/B0/okTOKEN98765",
+                  "--webhook", "hooks.slack.com/services/T0/B0/xoxTOKEN12345")
+    assert out.returncode == 2, out.stderr
+    said = " ".join(out.stderr.split())
+    assert "the 2nd of 2 --webhook values ('hooks.slack.com/***') is not usable" in said
+    assert "xoxTOKEN12345" not in out.stderr and "okTOKEN98765" not in out.stderr
+
+
 @pytest.mark.parametrize("link", ["symlink", "hardlink"])
 def test_a_second_watcher_reaching_the_state_through_a_link_is_refused(tmp_path, link):
     state = AlertState(tmp_path / "s.db")

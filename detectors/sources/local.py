@@ -345,8 +345,33 @@ def finish_local(plan: LocalPlan) -> SourceRead:
     out = plan.out
     if not out.segments and not out.errors and not plan.shared:
         out.errors.append(SourceError(plan.spec, f"{plan.spec}: no runs found (no W&B run folders, MLflow stores, "
-                                                 "TensorBoard event files, tables or checkpoint folders)"))
+                                                 "TensorBoard event files, tables or checkpoint folders)"
+                                      + what_to_give(plan.root, plan.spec)))
     return out
+
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):/")
+
+
+def what_to_give(root: Path, spec: str) -> str:
+    """What to name instead of a SOURCE that holds no run but looks like it meant one: a W&B run's log file, an
+    MLflow experiment folder, a URL of a scheme klwatch does not read ("" when nothing better can be said)."""
+    scheme = _SCHEME.match(spec)
+    if scheme:
+        kind = scheme.group(1).lower()
+        if kind in ("http", "https"):
+            return ("; for an MLflow server give mlflow://HOST:PORT (mlflow+https://HOST for TLS), for a W&B project "
+                    "wandb://ENTITY/PROJECT")
+        if kind == "sqlite" and spec.startswith("sqlite:///"):  # SQLAlchemy's form: the path follows the third /
+            return f"; give the store's path itself: {spec[len('sqlite:///'):]}"
+        if kind == "file" and spec.startswith("file://"):
+            return f"; give the path itself: {spec[len('file://'):]}"
+        return "; a SOURCE is a local path, wandb://ENTITY/PROJECT[/RUN_ID] or mlflow://HOST:PORT[/EXPERIMENT]"
+    if root.suffix == ".wandb" and root.is_file():
+        return f"; {root.name} is a W&B run's log: give its run folder {root.parent} (or the wandb/ folder above it)"
+    if (root / "meta.yaml").is_file() and root.parent != root:
+        return f"; {spec} is an MLflow experiment folder: give the store {root.parent} (and #PATTERN to keep some runs)"
+    return ""
 
 
 def read_local(spec: str, *, read_unit: ReadUnit = read_unit) -> SourceRead:
@@ -371,7 +396,7 @@ def _root_problem(root: Path, spec: str) -> str | None:
     """Why the path the user named cannot be read at all (missing, unreadable, not a regular file
     nor a folder), or None."""
     if not root.exists():
-        return f"no such file or folder: {spec}"
+        return f"no such file or folder: {spec}" + what_to_give(root, spec)
     if not os.access(root, os.R_OK):
         return f"permission denied: {spec}"
     kind = path_kind(root)

@@ -537,8 +537,16 @@ def _experiments(api: RestClient, wanted: str | None) -> list[dict[str, Any]]:
     if doc is None and wanted.isdigit():
         doc = _get_existing(api, "/api/2.0/mlflow/experiments/get", {"experiment_id": wanted})
     if doc is None:
-        raise ServerError(f"mlflow server {api.base}: no experiment named or numbered {wanted!r}")
+        raise ServerError(f"mlflow server {api.base}: no experiment named or numbered {wanted!r}"
+                          f" (experiments there: {_experiment_names(api)})")
     return [doc["experiment"]]
+
+
+def _experiment_names(api: RestClient) -> str:
+    """The server's active experiments as ``name (id)``, at most 20, for a message; "none" when it has none."""
+    there = _experiments(api, None)
+    shown = [f"{e.get('name')} ({e.get('experiment_id')})" for e in there[:20]]
+    return (", ".join(shown) + (f" and {len(there) - 20} more" if len(there) > 20 else "")) or "none"
 
 
 def _runs(api: RestClient, exp_ids: list[str]) -> list[dict[str, Any]]:

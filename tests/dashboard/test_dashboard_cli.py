@@ -75,3 +75,14 @@ def test_an_allow_list_entry_that_is_not_a_folder_or_host_is_a_usage_error(monke
     assert result.exit_code == 2 and "not a folder" in result.stderr and not execs
     result, execs = _launch(monkeypatch, ["--allow-add", str(tmp_path), str(tmp_path)])
     assert result.exit_code == 0 and execs[0][execs[0].index("--") + 1:] == ["--allow-add", str(tmp_path), str(tmp_path)]
+
+
+def test_a_source_that_does_not_exist_is_a_usage_error_before_streamlit_starts(monkeypatch, tmp_path: Path) -> None:
+    """Issue 25, 7: the dashboard started on a path that is not there (``--allow-add`` refused one already)."""
+    result, execs = _launch(monkeypatch, [str(tmp_path / "no-such-runs")])
+    assert result.exit_code == 2 and not execs
+    assert f"no such file or folder: {tmp_path / 'no-such-runs'}" in " ".join(result.stderr.split())
+    result, execs = _launch(monkeypatch, ["http://localhost:5000"])
+    assert result.exit_code == 2 and not execs and "give mlflow://HOST:PORT" in " ".join(result.stderr.split())
+    result, execs = _launch(monkeypatch, [str(tmp_path), "mlflow://127.0.0.1:1"])  # a server is not checked here
+    assert result.exit_code == 0 and execs

@@ -146,6 +146,9 @@ def test_unknown_experiment_is_an_error_naming_the_server(logged: Logged) -> Non
     assert not read.segments and len(read.errors) == 1
     assert f"127.0.0.1:{logged.server.port}" in read.errors[0].message
     assert "no-such-experiment" in read.errors[0].message
+    # issue 25, 7: and lists the experiments that are there, so the user can name one
+    assert "experiments there: " in read.errors[0].message
+    assert "grpo-server (" in read.errors[0].message and "sft-server (" in read.errors[0].message
 
 
 def test_small_pages_and_capped_bulk_answers_still_give_every_run_and_point(
