@@ -372,14 +372,17 @@ def summary_line(result: ScanResult) -> str:
     return line
 
 
-_MARKDOWN_CELL = str.maketrans({"\\": "\\\\", "|": "\\|", "<": "&lt;", "&": "&amp;", "[": "\\[", "]": "\\]"})
+_MARKDOWN_CELL = str.maketrans({"\\": "\\\\", "|": "\\|", "<": "&lt;", "[": "\\[", "]": "\\]"})
+_ENTITY_START = re.compile(r"&(?=#?[A-Za-z0-9]+;)")
+"""An ``&`` that would begin a character reference (``&lt;``, ``&#60;``): escaped; any other stays as written
+(``W&B``, not ``W&amp;B``)."""
 
 
 def escape_cell(text: str) -> str:
     """Text for a markdown table cell or list item, one line: a ``|`` would end the cell, a newline the
     row, a ``<`` open HTML (``<!--`` hides the rest of the table), a ``[`` a link or an image a viewer's
-    browser fetches (``![x](https://...)``), a backslash escape the next ``|``."""
-    return printable(text).translate(_MARKDOWN_CELL)
+    browser fetches (``![x](https://...)``), a backslash escape the next ``|``, an ``&`` a character reference."""
+    return _ENTITY_START.sub("&amp;", printable(text)).translate(_MARKDOWN_CELL)
 
 
 def render_markdown(result: ScanResult) -> str:

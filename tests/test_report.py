@@ -387,3 +387,13 @@ def test_every_message_in_every_output_is_bounded_whatever_a_table_header_holds(
         assert max(map(len, text.splitlines()), default=0) <= 4096 + 64, max(map(len, text.splitlines()))
     said = scan.stderr + check.stdout + check.stderr
     assert "people.csv" in said and "wide.csv" in said
+
+
+def test_markdown_keeps_an_ampersand_and_escapes_only_what_would_be_a_character_reference():
+    """Issue 25, 7: ``W&amp;B`` in markdown; an ``&`` that would start ``&lt;`` still cannot turn into a ``<``."""
+    from klwatch.report import escape_cell
+
+    assert escape_cell("W&B run") == "W&B run"
+    assert escape_cell("a &lt;img&gt; b") == "a &amp;lt;img&amp;gt; b"
+    assert escape_cell("x &#60;!-- y") == "x &amp;#60;!-- y"
+    assert escape_cell("<!--") == "&lt;!--"
