@@ -289,7 +289,10 @@ def test_a_damaged_memo_entry_is_a_miss_and_is_removed(tmp_path: Path) -> None:
     root = _tree(tmp_path / "fleet")
     memo = ScanCache.open(tmp_path / "cache").report_memo([str(root)], "s", max_seconds=60)
     memo.path.parent.mkdir(parents=True)
-    memo.path.write_text('{"format": 1, "state": "%s", "view": {"format": 1}}' % memo.state, encoding="utf-8")
+    from klwatch.report import VIEW_FORMAT
+
+    memo.path.write_text('{"format": 1, "state": "%s", "view": {"format": %d}}' % (memo.state, VIEW_FORMAT),
+                         encoding="utf-8")  # the current view format, its fields missing: damaged
     assert memo.load() is None and not memo.path.exists()
 
 
