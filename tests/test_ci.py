@@ -330,3 +330,11 @@ def test_a_pattern_naming_no_run_is_bad_usage_exit_2_and_lists_the_runs_there(ru
     assert "no training run matches #no-such-run-*" in err
     assert "runs there: bad/grpo-buggy, bad/grpo-ratchet, good/grpo-continuous, good/grpo-fixed" in err
     assert "could not be read" not in err and "judged against" not in err
+
+
+def test_an_unreadable_table_is_named_once_in_checks_error_line(tmp_path):
+    """Issue 25, 7: ``error: people.csv: people.csv: no step column``."""
+    (tmp_path / "people.csv").write_text("a,b\n1,2\n")
+    res = check(tmp_path / "people.csv")
+    assert res.exit_code == 2
+    assert res.stderr.startswith("error: people.csv: no step column") and res.stderr.count("people.csv") == 1
