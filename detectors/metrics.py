@@ -107,13 +107,18 @@ def _rank_kl_candidates(names: Iterable[str], *, patterns: Sequence[str] | None 
     return ranked
 
 
+def _globbed(names: Iterable[str], pattern: str) -> list[str]:
+    """The names a ``--metric`` glob matches, sorted."""
+    return sorted(n for n in names if fnmatch.fnmatchcase(n, pattern))
+
+
 def _pattern_matches(names: Sequence[str], pattern: str) -> list[str]:
     """What one ``--metric`` names, best first. A name given whole is the user's choice, look-alike or not; a
     glob prefers the recognised reference-KL names among what it matches (``_rank_kl_candidates``), then any
     other match, and leaves out the look-alikes (``is_excluded``: ``*kl*`` must not pick ``train/approxkl``)."""
     if pattern in names:
         return [pattern]
-    matched = sorted(n for n in names if fnmatch.fnmatchcase(n, pattern))
+    matched = _globbed(names, pattern)
     ranked = _rank_kl_candidates(matched)
     return ranked + [n for n in matched if n not in ranked and not is_excluded(n)]
 
@@ -141,7 +146,7 @@ def describe_match(names: Iterable[str], patterns: Sequence[str], *, chosen: str
     for pat in patterns:
         if pat in names:
             continue
-        matched = sorted(n for n in names if fnmatch.fnmatchcase(n, pat))
+        matched = _globbed(names, pat)
         left_out = [n for n in matched if is_excluded(n)]
         if len(matched) > 1 or left_out:
             said.append(f"--metric {pat} matched {len(matched)} series ({', '.join(matched[:8])}"

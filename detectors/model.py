@@ -277,6 +277,9 @@ class SourceRead:
     unmatched: str | None = None
     """Set when the SOURCE's ``#PATTERN`` kept no training run: what to say (the runs there named). Bad
     usage (exit 2), not a read failure."""
+    pooled_under: str | None = None
+    """The common parent this local SOURCE was read from with the others of its invocation (``sources.pool``):
+    its runs are stitched with theirs. None when it was read on its own."""
 
 
 @dataclass

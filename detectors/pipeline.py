@@ -22,7 +22,7 @@ from .reference_reset import ReferenceResetConfig, ReferenceResetDetector
 from .sources import read_source, split_pattern
 from .sources.limits import ReadLimits
 from .sources.local import ReadUnit
-from .sources.pool import local_pool, pooling
+from .sources.pool import pooling
 from .step_axis import step_axis_metric, to_framework_steps
 from .stitching import StitchConfig, effective_configs, starts_over, stitch
 
@@ -227,11 +227,10 @@ def judge_reads(reads: Sequence[tuple[SourceRead, str | None]], *, config: ScanC
     in order (``judge_lineage`` on each by default; ``klwatch.parallel`` hands them to workers)."""
     kept: list[Lineage] = []
     sources: list[SourceRead] = []
-    pool = local_pool([read.spec for read, _ in reads])
     pooled: list[Segment] = []
     pooled_at: int | None = None
     for read, pattern in reads:
-        if pool is not None and pattern is None and read.spec in pool.members:
+        if read.pooled_under is not None:
             pooled.extend(read.segments)  # read from the pool's parent: stitched as one fleet, below
             pooled_at = len(kept) if pooled_at is None else pooled_at
             sources.append(read)

@@ -201,6 +201,8 @@ def zero_stretches(path: Path, *, start: int = 0, budget: Budget | None = None) 
     budget = budget or current_budget()
     fd, st = _open_regular(path)
     try:
+        if st.st_size - start < ZERO_STRETCH_MIN:
+            return []  # too short to hold one: not looked through (most tracker files)
         found: list[list[int]] = []
         for a, b, hole in _regions(fd, st.st_size, start):
             for off, block in ([(a, b"")] if hole else _blocks(fd, a, b, budget, str(path))):

@@ -321,6 +321,7 @@ def plan_local(spec: str) -> LocalPlan:
         return LocalPlan(spec, root, units, out)
     mine = [u for u in units if str(u.path) not in pool.claimed]
     pool.claimed.update(str(u.path) for u in mine)
+    out.pooled_under = pool.spec
     return LocalPlan(spec, root, mine, out, read_root=pool.root, read_spec=pool.spec, shared=len(units) - len(mine))
 
 

@@ -27,12 +27,15 @@ class Pool:
 
     root: Path
     """Their common parent folder, spelled as they are (relative when they are)."""
-    spec: str
-    """The parent as a SOURCE: every pooled Segment's ``source``."""
     members: tuple[str, ...]
     """The pooled SOURCEs (without ``#PATTERN``), in the order given."""
     claimed: set[str] = field(default_factory=set)
     """The files and run folders an earlier member already planned (``runs/`` then ``runs/a``: read once)."""
+
+    @property
+    def spec(self) -> str:
+        """The parent as a SOURCE: every pooled Segment's ``source``."""
+        return str(self.root)
 
 
 def local_pool(specs: Sequence[str]) -> Pool | None:
@@ -52,8 +55,7 @@ def local_pool(specs: Sequence[str]) -> Pool | None:
         return None
     folders = [os.path.normpath(p if os.path.isdir(p) else os.path.dirname(p) or ".")
                for p in (os.path.expanduser(b) for b in members)]
-    root = os.path.commonpath(folders) or "."
-    return Pool(root=Path(root), spec=root, members=tuple(members))
+    return Pool(root=Path(os.path.commonpath(folders) or "."), members=tuple(members))
 
 
 _current: ContextVar[Pool | None] = ContextVar("klwatch_source_pool", default=None)

@@ -20,7 +20,6 @@ Each event file becomes one Segment: a restart writes a new file, so a file is a
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import math
 import re
@@ -34,7 +33,7 @@ from google.protobuf.message import DecodeError
 from tensorboard.compat.proto import event_pb2
 
 from ..model import Segment, Series
-from .limits import SNIFF_ABOVE, read_regular, sniff, zero_stretches
+from .limits import read_regular, sniff, zero_stretches
 from .local import ReadError
 from .resume import Resume
 
@@ -169,7 +168,7 @@ def read_tensorboard_file_since(path: Path, *, ref: str, source: str, since: Res
     New bytes that are damaged are read again with the whole file, so the error or warnings are
     exactly a whole read's."""
     path = Path(path)
-    if since is not None and not _holes(path, start=since.offset):
+    if since is not None and not zero_stretches(path, start=since.offset):
         try:
             data = read_regular(path, start=since.offset)  # only the new bytes are charged to the SOURCE
             return _read_chunk(data, path=path, ref=ref, source=source, since=since)
@@ -177,17 +176,12 @@ def read_tensorboard_file_since(path: Path, *, ref: str, source: str, since: Res
             pass
     if (head := sniff(path, length=12)) is not None:  # a 1 GiB file of zeros costs 12 bytes
         _check_first_header(head)
-    if holes := _holes(path):
+    if holes := zero_stretches(path):
         return _read_around_holes(path, holes=holes, ref=ref, source=source)
     data = read_regular(path)  # a FIFO or a device is refused, the bytes are charged to the SOURCE
     if not data:
         raise ReadError("empty event file (0 bytes)")
     return _read_chunk(data, path=path, ref=ref, source=source, since=None)
-
-
-def _holes(path: Path, *, start: int = 0) -> list[tuple[int, int]]:
-    """The stretches of 16 MiB or more of zeros in a large event file from ``start`` on (``limits.zero_stretches``)."""
-    return zero_stretches(path, start=start) if path.stat().st_size - start > SNIFF_ABOVE else []
 
 
 def _read_around_holes(path: Path, *, holes: list[tuple[int, int]], ref: str, source: str

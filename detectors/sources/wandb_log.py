@@ -45,7 +45,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from ..model import Segment, Series, steps_out_of_range
-from .limits import SNIFF_ABOVE, current_budget, path_kind, read_regular, sniff, zero_stretches
+from .limits import current_budget, path_kind, read_regular, sniff, zero_stretches
 from .local import ReadError
 from .resume import Resume
 
@@ -1199,7 +1199,7 @@ def _read_on(path: Path, *, log: Path, since: Resume, ref: str, source: str, war
     if (state.get("version") != STATE_VERSION or since.file != os.path.abspath(log)
             or not FILE_HEADER_LEN <= offset <= size):
         return None
-    if size - offset > SNIFF_ABOVE and zero_stretches(log, start=offset):
+    if zero_stretches(log, start=offset):
         return None  # a whole read says where the zeros are and holds none of them
     data = read_regular(log, start=offset)
     framed = _Unframer(data, log.name, base=offset, prior=state["records"], skipped=state["skipped"])
@@ -1228,12 +1228,11 @@ def _log_bytes(log: Path) -> tuple[bytes, tuple[int, int, int] | None]:
     crash into a pre-extended file, a sparse file; W&B writes its log in order and never leaves one), and
     that stretch with the file's size when there is one: the zeros are never held, so a 1 GiB hole after a
     valid head costs the head."""
-    size = os.stat(log).st_size
-    holes = zero_stretches(log) if size > SNIFF_ABOVE else []
+    holes = zero_stretches(log)  # a FIFO or a device is refused, here as in the read
     if not holes:
-        return read_regular(log), None  # a FIFO or a device is refused, the bytes are charged to the SOURCE
+        return read_regular(log), None  # the bytes are charged to the SOURCE
     lo, hi = holes[0]
-    return read_regular(log, length=lo), (lo, hi, size)
+    return read_regular(log, length=lo), (lo, hi, os.stat(log).st_size)
 
 
 def _hole_warning(name: str, hole: tuple[int, int, int], records: int) -> str:
