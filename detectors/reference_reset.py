@@ -47,8 +47,10 @@ from .boundaries import named_reset_step
 from .declarations import ReferenceSchedule, explain_boundary, reference_schedules, schedule_note
 from .detector import Detector
 from .metrics import NO_MATCH, closest_names, describe_match, preference_metrics
+from .progress import run_lr
 from .post_side import STARTS_PAST_FIRST_STEP, PostSideConfig, late_opening
 from .snapshot_mark import SnapshotMarkConfig, off_the_floor, snapshot_mark
+from .window_mark import WindowMarkConfig, window_mark
 from .model import (Boundary, BoundaryVerdict, Finding, Lineage, LineageResult, Series, Verdict, cadence_of,
                     logging_interval)
 from .stats import diff_noise, floored_log, t_logpdf
@@ -154,6 +156,9 @@ class ReferenceResetConfig:
     snapshot: SnapshotMarkConfig = SnapshotMarkConfig()
     """The snapshot mark (a first point at the estimator's floor, then a regrowth retracing the opening),
     which decides a boundary the statistic leaves ``inconclusive`` (an early resume)."""
+    window: WindowMarkConfig = WindowMarkConfig()
+    """The window mark (with logging every L > 1 steps, the first window after the checkpoint back in the band of
+    the run's first window, then climbing), which decides an early resume the statistic leaves ``inconclusive``."""
     post_side: PostSideConfig = PostSideConfig()
     """A launch whose logs start past the run's first step, at the floor, and regrow: a reset whose earlier
     side is not in the logs (``klwatch.post_side``)."""
@@ -688,9 +693,10 @@ class ReferenceResetDetector(Detector[ReferenceResetConfig]):
         scale = typical_kl(finite)
         start = self.opening(kl_pieces, scale=scale)
         schedules = reference_schedules(lineage.config, cli_steps=self.intentional_resets)
+        lr = run_lr(lineage) if lineage.boundaries else None
         for b in lineage.boundaries:
             v = self._verdict_at(kl_pieces, b, scale=scale, start=start, declared=self._declared(schedules, kl_pieces, b),
-                                 named=named_reset_step(lineage, b))
+                                 named=named_reset_step(lineage, b), lr=lr)
             if v is None:
                 _unjudged(result, [b], "No KL logged on both sides of this boundary.")
                 continue
@@ -754,7 +760,8 @@ class ReferenceResetDetector(Detector[ReferenceResetConfig]):
         return None
 
     def _verdict_at(self, kl_pieces: Sequence[Series | None], b: Boundary, *, scale: float,
-                    start: Series | None, declared: bool = False, named: int | None = None) -> BoundaryVerdict | None:
+                    start: Series | None, declared: bool = False, named: int | None = None,
+                    lr: Series | None = None) -> BoundaryVerdict | None:
         """The statistic's verdict at ``b``. A boundary a declared schedule touches is judged at the
         detector's own reset threshold, not the user's: whether a declared reset is ``intentional``
         must not change with ``--reset-score`` (at 1.0 it would otherwise read as no reset at all).
@@ -764,7 +771,7 @@ class ReferenceResetDetector(Detector[ReferenceResetConfig]):
             return None
         config = replace(self.config, reset_score=ReferenceResetConfig.reset_score) if declared else self.config
         return marked(judge_boundary(b, before, after, start=start, scale=scale, config=config),
-                      before, after, opening=start, config=config, quantity="KL", named=named)
+                      before, after, opening=start, config=config, quantity="KL", named=named, lr=lr)
 
     @staticmethod
     def _declared(schedules: list[ReferenceSchedule], kl_pieces: Sequence[Series | None], b: Boundary) -> bool:
@@ -784,7 +791,7 @@ class ReferenceResetDetector(Detector[ReferenceResetConfig]):
             return False
         scale = typical_kl(finite)
         v = self._verdict_at(kl_pieces, boundary, scale=scale, start=self.opening(kl_pieces, scale=scale),
-                             named=named_reset_step(lineage, boundary))
+                             named=named_reset_step(lineage, boundary), lr=run_lr(lineage))
         return v is not None and v.verdict == "reference_reset"
 
     def _apply_declarations(self, v: BoundaryVerdict, schedules: list[ReferenceSchedule], *, before: Series | None,
@@ -819,15 +826,26 @@ class ReferenceResetDetector(Detector[ReferenceResetConfig]):
 
 
 def marked(v: BoundaryVerdict, before: Series, after: Series, *, opening: Series | None,
-           config: ReferenceResetConfig, quantity: str, named: int | None = None) -> BoundaryVerdict:
+           config: ReferenceResetConfig, quantity: str, named: int | None = None,
+           lr: Series | None = None) -> BoundaryVerdict:
     """A verdict the statistic left ``inconclusive`` decided by the snapshot mark (``klwatch.snapshot_mark``):
     the value at the estimator's floor at the first step after the checkpoint, then the opening retraced, is
-    a reset; a value far off that floor there (``off_the_floor``) is a kept reference."""
+    a reset; so is its sparse-logging form, the window mark (``klwatch.window_mark``; ``lr`` the run's
+    learning rate, ``klwatch.progress.run_lr``); a value far off the floor (``off_the_floor``) is a kept
+    reference."""
     if v.verdict != "inconclusive":
         return v
-    mark = snapshot_mark(before, after, reset_step=v.boundary.resumed_from_step, opening=opening,
+    mark = snapshot_mark(before, after, reset_step=v.boundary.resumed_from_step, opening=opening, lr=lr,
                          config=config.snapshot)
     if mark is None:
+        window = window_mark(before, after, reset_step=v.boundary.resumed_from_step, opening=opening,
+                             evidence=v.boundary.evidence, lr=lr, config=config.window)
+        # a deep fall alone is weaker than the exact floor: it decides where the statistic could not weigh the
+        # points, or leans to a reset, never against a statistic leaning to a continuation; a retrace decides
+        if window is not None and (window.retraced or v.score >= 0.5):
+            return replace(v, verdict="reference_reset", score=max(v.score, config.reset_score), explanation=(
+                f"{window.describe(quantity)}: the reference policy was rebuilt from the resumed weights. "
+                "Load the reference from the base model, not the checkpoint."))
         off = off_the_floor(before, after, reset_step=named, opening=opening, config=config.snapshot)
         if off is None:
             return v

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .model import Series
+from .progress import retraced_points
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,9 @@ class SnapshotMarkConfig:
     """Points after the first that must show the regrowth: off the floor, the first of them under
     ``low_fraction`` of the level before and all under it (a dropout returns to the level at once)."""
     low_fraction: float = 0.5
+    progress_band: float = 2.0
+    """A regrowth that reaches the level at once is still one when each point lies within this factor of the
+    opening at the same progress in learning-rate units (``klwatch.progress``)."""
     retrace_factor: float = 4.0
     """No regrowth point lies this factor below the run's opening at the same offset (where the opening has
     left the floor). Faster is allowed: a reset inside a warm-up regrows at the lr it reached, the opening
@@ -75,10 +79,12 @@ def _opening_at(opening: Series, offsets: np.ndarray) -> np.ndarray:
 
 
 def snapshot_mark(before: Series, after: Series, *, reset_step: int | None, opening: Series | None,
-                  config: SnapshotMarkConfig = SnapshotMarkConfig()) -> SnapshotMark | None:
+                  lr: Series | None = None, config: SnapshotMarkConfig = SnapshotMarkConfig()) -> SnapshotMark | None:
     """The snapshot mark at a resume, or None. ``before``/``after`` are the judged series (a KL, or a
     preference margin) on each side; ``reset_step`` the checkpoint's step (else the last logged step
-    before); ``opening`` the run's opening, logged from its first steps (None: no mark can be read)."""
+    before); ``opening`` the run's opening, logged from its first steps (None: no mark can be read);
+    ``lr`` the run's learning rate (``klwatch.progress.run_lr``), which can explain a regrowth faster than
+    the opening's (a reset late in a warm-up regrows at the rate the warm-up reached)."""
     pre, post = _finite(before), _finite(after)
     if opening is None or len(pre) < config.min_points or len(post) < 1 + config.regrowth_points:
         return None
@@ -95,8 +101,12 @@ def snapshot_mark(before: Series, after: Series, *, reset_step: int | None, open
         return None
     rest = post.take(slice(1, 1 + config.regrowth_points))
     grown, top = np.abs(rest.values), float(np.max(recent[-config.min_points:]))  # a growing KL's level: its last
-    if np.any(grown <= config.floor_absolute) or np.any(grown >= top) or grown[0] >= config.low_fraction * top:
-        return None  # stays at zero (a penalty switched off) or returns at once (a dropout)
+    if np.any(grown <= config.floor_absolute):
+        return None  # stays at zero (a penalty switched off)
+    if (np.any(grown >= top) or grown[0] >= config.low_fraction * top) and not (
+            lr is not None and retraced_points(opening, post.take(slice(0, 1 + config.regrowth_points)), lr=lr,
+                                               reset_step=r, band=float(np.log(config.progress_band))) >= 1):
+        return None  # returns at once (a dropout), unless the learning rate explains a regrowth that fast
     # off the floor again, at least as fast as the run's own opening at the same offsets (a regrowth still
     # under the floor tolerance, as a warm-up's is, must match its opening there: the same small values)
     expected = _opening_at(_finite(opening), (rest.steps - r).astype(float))

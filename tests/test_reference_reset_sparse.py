@@ -76,11 +76,12 @@ def test_healthy_resume_under_averaged_logging_is_ok(every, tau):
 
 
 def test_regrowth_faster_than_the_logging_interval_is_never_called_ok():
-    # L=10, tau=5: the first point is ~0.6x the level and the next already at it; a reset cannot be
-    # proven from that, but a first point this far below the level is not a continuation either
+    # L=10, tau=5: the first point is ~0.6x the level and the next already at it; the statistic cannot
+    # prove a reset from that (the window mark may, where the windows retrace the opening within the run's
+    # noise), but a first point this far below the level is not a continuation either
     for seed in range(3):
         (_, verdict, _), = verdicts(trl_run(every=10, tau=5, resume=100, buggy=True), seed)
-        assert verdict == "inconclusive"
+        assert verdict in ("inconclusive", "reference_reset")
 
 
 def test_verdict_comes_from_the_first_three_logged_points_after_the_resume():

@@ -143,3 +143,28 @@ def test_a_regrowth_still_under_the_floor_tolerance_is_the_mark_when_the_opening
     assert _mark(opening, [0.0, 0.0, 0.0], opening=opening) is None  # exactly 0 on: switched off
     assert _mark(opening, [0.0, 1e-9 / 2, 1e-9 / 2], opening=opening) is None  # float noise at the floor: no regrowth
     assert _mark(opening, [0.0, 1e-8, 2e-8], opening=opening) is None  # slower than the opening by far
+
+
+def _warm_up_resume(*, buggy: bool) -> tuple[Series, Series, Series]:
+    """A run logged every step whose HF warm-up (8 steps, first update at rate 0) is still on at the checkpoint of
+    step 6: the KL as a power of the distance moved since the reference, without noise."""
+    steps = np.arange(1, 13)
+    lr_next = 1e-5 * np.minimum(1.0, np.arange(0, 13) / 8)  # the rate logged at step s, run by update s + 1
+    moved = np.concatenate([[0.0], np.cumsum(lr_next[:-1])])[:-1] / 1e-5  # before update t
+    since = np.where((steps > 6) & buggy, moved - moved[6], moved)
+    kl = 0.01 * since ** 1.5
+    return Series(steps[:6], kl[:6]), Series(steps[6:], kl[6:]), Series(steps, lr_next[1:])
+
+
+def test_a_regrowth_as_fast_as_the_warm_up_rate_explains_is_the_mark_when_the_rate_is_logged():
+    before, after, lr = _warm_up_resume(buggy=True)
+    assert float(after.values[0]) == 0.0 and float(after.values[2]) > float(before.values[-1])  # back above at once
+    assert snapshot_mark(before, after, reset_step=6, opening=before) is None
+    mark = snapshot_mark(before, after, reset_step=6, opening=before, lr=lr)
+    assert mark is not None and mark.reset_step == 6 and mark.first_step == 7
+
+
+def test_a_zero_then_the_level_the_warm_up_had_reached_is_not_the_mark_even_with_the_rate():
+    before, after, lr = _warm_up_resume(buggy=False)
+    dropout = Series(after.steps, np.concatenate([[0.0], after.values[1:]]))
+    assert snapshot_mark(before, dropout, reset_step=6, opening=before, lr=lr) is None

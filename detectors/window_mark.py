@@ -1,0 +1,192 @@
+"""The window mark: the snapshot mark as a run that logs every L > 1 steps shows it.
+
+Trainers that log every ``logging_steps`` log the *mean* of the steps since their last log (TRL clears
+its metric buffers at each log, and a new launch starts with empty ones). After a buggy resume the first
+logged point therefore averages the steps of a regrowth from the floor, offsets 1..L after the
+checkpoint: the same offsets the run's own first logged point averaged. The exact 0 of the snapshot mark
+is gone, but the first window falls back to the opening's band, far below where the KL had grown, and
+the next windows climb again (``../shared/FRAMEWORKS.md``: "With sparse logging the first logged point is
+a mean over the steps since the last log: small, not 0").
+
+Two readings, either enough:
+
+- a *deep fall*: the first window lies far under where the KL had grown (a third of it at most) and the
+  next climbs without returning to it at once;
+- a *retrace*: the first windows after the checkpoint repeat the run's own first windows, one for one,
+  within the run's noise, while the KL before the resume had clearly left them. This is the mark of a
+  resume so early that the regrowth reaches the old level within a window or two.
+
+This decides a boundary the statistic leaves ``inconclusive`` early in a run, where too few points
+precede the resume to measure a level against the run's typical KL. A healthy resume continues the
+KL (or dips and recovers); a dropout returns at once; a penalty switched off stays at 0. The fall must
+also exceed the run's own step-to-step noise, measured before the resume, or after it when too few
+points precede it.
+
+A signal the KL and preference detectors read through ``marked``, not a detector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .model import Series, logging_interval
+from .progress import retraced_points
+from .stats import diff_noise
+
+LAUNCH_EVIDENCE = ("new_tracker_run", "new_event_file", "step_rewind", "duplicate_steps", "runtime_reset",
+                   "checkpoint", "model_from_checkpoint")
+"""Evidence of a new process: only a new launch starts its logging windows afresh (a pause inside one
+process, an evaluation, keeps averaging into the same window)."""
+
+
+@dataclass(frozen=True)
+class WindowMarkConfig:
+    """How far the KL must have grown, how deep the first window must fall and how the next must climb."""
+
+    grown_factor: float = 2.5
+    """Deep fall: the level before the resume is at least this many times the run's first logged point (the
+    KL had left its opening band, so a fall back into it is visible) ..."""
+    drop_fraction: float = 0.35
+    """... and the first window after the checkpoint lies under this share of it, and under every one of the
+    last ``level_points`` points before (a healthy dip of a third does not qualify)."""
+    return_fraction: float = 0.8
+    """Deep fall: the next window climbs but stays under this share of the level (a dropout returns at once;
+    a regrowth of an early resume may reach it a few windows on, as the opening did) ..."""
+    next_sigmas: float = 2.0
+    """... and, where the run's noise is measured, this many of its SDs under the level."""
+    left_factor: float = 1.5
+    """Both readings: every point of the level before lies at least this many times the first logged point."""
+    level_points: int = 3
+    """The last points before (never the run's first) the first window must lie under, each left the opening."""
+    fit_points: int = 8
+    """The level before: a line through this many last points (never the run's first), read at the last."""
+    retrace_points: int = 3
+    """Retrace: this many first windows after the checkpoint (as many as the opening has, at least two) ..."""
+    retrace_band: float = 1.5
+    """... each within this factor of the run's opening at the same progress (``klwatch.progress``: the same
+    offsets at a constant learning rate), or ``retrace_sigmas`` of the run's noise if wider; the first
+    under ``retrace_fraction`` of the level."""
+    retrace_sigmas: float = 2.5
+    retrace_fraction: float = 0.6
+    noise_points: int = 6
+    """Points (before the resume, else after its regrowth) whose step-to-step noise the fall must exceed
+    ``drop_sigmas`` times (log space), so a noisy KL's low outlier is not a mark. The retrace needs it."""
+    noise_window: int = 30
+    drop_sigmas: float = 4.0
+    regrowth_points: int = 2
+    """Windows after the first that must not fall below it (a penalty switched off stays at 0)."""
+
+
+@dataclass(frozen=True)
+class WindowMark:
+    """The mark found at a resume: the first window's value, the level it fell from, the run's first point."""
+
+    value: float
+    level: float
+    opening_first: float
+    reset_step: int
+    first_step: int
+    cadence: int
+    retraced: int = 0
+    """How many first windows repeated the run's own (0: read as a deep fall)."""
+
+    def describe(self, quantity: str) -> str:
+        how = (f"and the next {self.retraced - 1} window(s) repeat the run's own first ones"
+               if self.retraced else "and it climbs again from there")
+        return (f"{quantity} averaged {self.value:.3g} over the first logging window after the checkpoint of step "
+                f"{self.reset_step} (logged at step {self.first_step}, every {self.cadence} steps), down from "
+                f"{self.level:.3g}, back in the band of the run's own first window ({self.opening_first:.3g}), "
+                f"{how}: a regrowth from a policy equal to its reference")
+
+
+def _finite(s: Series) -> Series:
+    return s.take(np.isfinite(s.values))
+
+
+def _before_window(pre: Series, post: Series, cadence: int) -> Series | None:
+    """The points logged before the first post point (a crashed launch may have logged past its checkpoint;
+    the resumed one re-logs those steps), when that point's window lies wholly after the last of them."""
+    kept = pre.take(pre.steps < post.steps[0])
+    return kept if len(kept) >= 2 and 1 <= int(post.steps[0]) - int(kept.steps[-1]) <= cadence else None
+
+
+def _reached(pre: Series, points: int) -> float:
+    """Where the KL had got to at the resume: a Theil-Sen line in log space through the last ``points``
+    points (never the run's first), read at the last, so a growing opening's level is its last value and
+    one outlier among them moves it little."""
+    recent = pre.take(slice(-min(points, len(pre) - 1), None))
+    x, y = recent.steps.astype(float), np.log(np.clip(recent.values, 1e-300, None))
+    slopes = [(y[j] - y[i]) / (x[j] - x[i]) for i in range(len(y)) for j in range(i + 1, len(y)) if x[j] > x[i]]
+    slope = float(np.median(slopes)) if slopes else 0.0
+    return float(np.exp(np.median(y - slope * x) + slope * x[-1]))
+
+
+def _noise(pre: Series, post: Series, config: WindowMarkConfig) -> float | None:
+    """The run's step-to-step noise in log space: from the points before the resume, else from the points
+    after its regrowth (too few before to measure it), else None."""
+    for values in (pre.values[-config.noise_window:],
+                   post.values[1 + config.regrowth_points:1 + config.regrowth_points + config.noise_window]):
+        if len(values) >= config.noise_points and np.all(values > 0):
+            return diff_noise(np.log(values))
+    return None
+
+
+def _deep_fall(level: float, recent: np.ndarray, origin: float, post: np.ndarray, sigma: float | None,
+               config: WindowMarkConfig) -> bool:
+    """The first window far under the level, the next climbing but still clearly under it: two windows of
+    evidence, so one low outlier (the next window back at the level) never reads as a fall."""
+    first, nxt = float(post[0]), float(post[1])
+    ceiling = config.return_fraction * level * (1.0 if sigma is None else min(1.0, float(np.exp(-config.next_sigmas * sigma))))
+    return (level > config.grown_factor * origin and abs(first) < config.drop_fraction * level
+            and first < float(np.min(recent)) and first < nxt < ceiling)
+
+
+def _retraced(start: Series, post: Series, *, level: float, sigma: float | None, lr: Series | None,
+              resets: Sequence[int], config: WindowMarkConfig) -> int:
+    """How many first windows after the checkpoint repeat the run's own opening at the same progress (the same
+    offsets when the learning rate is not logged or constant), 0 when they do not: a reference taken at the
+    checkpoint makes the KL climb the opening's curve again, at the pace the learning rate sets."""
+    m = min(config.retrace_points, len(post))
+    if sigma is None or m < 2 or not float(post.values[0]) < config.retrace_fraction * level:
+        return 0
+    band = max(float(np.log(config.retrace_band)), config.retrace_sigmas * sigma)
+    for r in resets:
+        seen = retraced_points(start, post.take(slice(0, m)), lr=lr, reset_step=r, band=band)
+        if seen >= 2:
+            return seen
+    return 0
+
+
+def window_mark(before: Series, after: Series, *, reset_step: int | None, opening: Series | None,
+                evidence: Sequence[str], lr: Series | None = None,
+                config: WindowMarkConfig = WindowMarkConfig()) -> WindowMark | None:
+    """The window mark at a resume, or None. ``before``/``after`` are the judged series (a KL or a preference
+    margin) on each side; ``reset_step`` the checkpoint's step (else the last logged step before);
+    ``opening`` the run's first logged points, from its first window; ``evidence`` the boundary's; ``lr`` the
+    learning rate the run applied (``klwatch.progress.run_lr``), if logged."""
+    if not any(e in LAUNCH_EVIDENCE for e in evidence):
+        return None
+    pre, post = _finite(before), _finite(after)
+    start = _finite(opening if opening is not None else before)  # two points of an opening are one too
+    if len(pre) < 2 or len(post) < 1 + config.regrowth_points or len(start) < 2:
+        return None
+    cadence = logging_interval([start, pre, post])
+    kept = _before_window(pre, post, cadence) if cadence >= 2 and int(start.steps[0]) <= cadence else None
+    if kept is None:
+        return None  # logged every step (the snapshot mark's case), or the first windows are not in the logs
+    level, recent = _reached(kept, config.fit_points), kept.values[-min(config.level_points, len(kept) - 1):]
+    origin, first, rest = float(start.values[0]), float(post.values[0]), post.values[1:1 + config.regrowth_points]
+    if origin < 0 or np.any(recent <= config.left_factor * origin) or not np.all(rest >= first):
+        return None  # the KL had not left its opening band, or stays down after the resume (a penalty off)
+    sigma = _noise(kept, post, config)
+    if sigma is not None and first > 0 and float(np.log(level / first)) < config.drop_sigmas * sigma:
+        return None  # a fall within the run's own noise
+    resets = [int(kept.steps[-1])] + ([int(reset_step)] if reset_step is not None
+                                      and int(kept.steps[-1]) < reset_step < int(post.steps[0]) else [])
+    retraced = _retraced(start, post, level=level, sigma=sigma, lr=lr, resets=resets, config=config)
+    if not retraced and not _deep_fall(level, recent, origin, post.values, sigma, config):
+        return None
+    return WindowMark(first, level, origin, resets[-1], int(post.steps[0]), cadence, retraced)
