@@ -314,6 +314,12 @@ class _Windows:
 def _windows(before: Series, after: Series, config: ReferenceResetConfig) -> _Windows:
     pre_all = before.take(np.isfinite(before.values))
     post_all = after.take(np.isfinite(after.values))
+    earlier = pre_all.take(pre_all.steps < post_all.steps[0]) if len(post_all) else pre_all
+    if len(earlier) >= 2:
+        # a launch that crashed after its checkpoint logged on past it; the resumed one re-logs those steps
+        # from the checkpoint: the level it resumed from is the one logged before them, not where the
+        # crashed launch got to (early in a run, that is far higher)
+        pre_all = earlier
     pre = pre_all.take(slice(-config.window_before, None))
     post = post_all.take(slice(0, config.window_after))
     return _Windows(pre_all, post_all, pre, post,

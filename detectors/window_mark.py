@@ -150,8 +150,8 @@ def _retraced(start: Series, post: Series, *, level: float, sigma: float | None,
     offsets when the learning rate is not logged or constant), 0 when they do not: a reference taken at the
     checkpoint makes the KL climb the opening's curve again, at the pace the learning rate sets."""
     m = min(config.retrace_points, len(post))
-    if sigma is None or m < 2 or not float(post.values[0]) < config.retrace_fraction * level:
-        return 0
+    if sigma is None or m < 2 or not 0 < float(post.values[0]) < config.retrace_fraction * level:
+        return 0  # the first window is part of the retrace: a first window at or under 0 is not on the curve
     band = max(float(np.log(config.retrace_band)), config.retrace_sigmas * sigma)
     for r in resets:
         seen = retraced_points(start, post.take(slice(0, m)), lr=lr, reset_step=r, band=band)
@@ -182,10 +182,12 @@ def window_mark(before: Series, after: Series, *, reset_step: int | None, openin
     if origin < 0 or np.any(recent <= config.left_factor * origin) or not np.all(rest >= first):
         return None  # the KL had not left its opening band, or stays down after the resume (a penalty off)
     sigma = _noise(kept, post, config)
-    if sigma is not None and first > 0 and float(np.log(level / first)) < config.drop_sigmas * sigma:
-        return None  # a fall within the run's own noise
     resets = [int(kept.steps[-1])] + ([int(reset_step)] if reset_step is not None
                                       and int(kept.steps[-1]) < reset_step < int(post.steps[0]) else [])
+    # a first window cut short by a checkpoint between two logs averages fewer steps: noisier by sqrt(L / k)
+    short = float(np.sqrt(cadence / max(1, min(cadence, int(post.steps[0]) - resets[-1]))))
+    if sigma is not None and first > 0 and float(np.log(level / first)) < config.drop_sigmas * sigma * short:
+        return None  # a fall within the run's own noise
     retraced = _retraced(start, post, level=level, sigma=sigma, lr=lr, resets=resets, config=config)
     if not retraced and not _deep_fall(level, recent, origin, post.values, sigma, config):
         return None

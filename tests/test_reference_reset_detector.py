@@ -183,3 +183,20 @@ def test_the_kl_detector_alone_names_a_preference_trainers_implicit_rewards():
     (msg,) = [f.message for f in result.findings if f.detector == "kl_metric"]
     assert "preference trainer" in msg and "chosen train/rewards_chosen_mean" in msg and "loss train/preference_loss" in msg
     assert "PreferenceResetDetector" in msg
+
+def test_a_healthy_resume_after_a_launch_that_logged_past_its_checkpoint_is_judged_from_the_checkpoint():
+    # early in the run the KL still grows fast; the crashed launch logged 30 steps past its checkpoint at 57, the
+    # resumed one re-logs them from 58 a little under where it was (a dip of a third, recovering): the level it
+    # resumed from is the KL at 57, not where the crashed launch had got to by 87
+    steps = np.arange(1, 301)
+    kl = 0.05 * (1 - np.exp(-steps / 120.0)) * np.exp(np.random.default_rng(4).normal(0, 0.05, len(steps)))
+    crashed = Series(steps[:87], kl[:87])
+    resumed_kl = kl[57:].copy()
+    resumed_kl[:3] *= 0.67
+    resumed = Series(steps[57:], resumed_kl)
+    lin = Lineage(id="r", name="r", segments=[], pieces=[{"kl": crashed}, {"kl": resumed}], piece_segments=[0, 1],
+                  kl_metric="kl", boundaries=[Boundary(step=58, resumed_from_step=57,
+                                                       evidence=["step_rewind", "duplicate_steps"], piece_index=1)])
+    v = ReferenceResetDetector().judge(lin).verdicts[0]
+    assert v.verdict != "reference_reset", v.explanation
+    assert v.kl_before is not None and v.kl_before < float(kl[60])  # the level at the checkpoint, not at step 87

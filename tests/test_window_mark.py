@@ -121,3 +121,22 @@ def test_a_run_logged_every_step_is_left_to_the_snapshot_mark():
     before = Series(np.arange(1, 9), np.array([0.0, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.012]))
     after = Series(np.arange(9, 12), np.array([0.0, 0.001, 0.002]))
     assert window_mark(before, after, reset_step=8, opening=before, evidence=["new_event_file"]) is None
+
+
+def test_a_first_window_under_zero_is_not_a_retrace_of_the_opening():
+    mark = _mark([-0.0011, 0.0042, 0.0085, 0.016, 0.025, 0.035, 0.044, 0.05, 0.053])
+    assert mark is None or mark.retraced == 0
+
+
+NOISY = [0.002, 0.008, 0.014, 0.019, 0.013, 0.018, 0.0125, 0.019, 0.0135, 0.0165]
+"""An opening then a level with ~25% noise, logged every 10 steps up to step 100."""
+
+
+def test_a_first_window_cut_short_by_the_checkpoint_must_fall_further_than_a_full_one():
+    # a fall to the opening's first window: 7x, over 4 noise SDs for a full window, under it for one of 1 step
+    before = _series(10, NOISY)
+    after = Series(np.array([101, 110, 120, 130]), np.array([0.0022, 0.005, 0.009, 0.013]))  # window of 1 step
+    full = Series(np.array([110, 120, 130, 140]), after.values)  # the same values, a full first window
+    kw = dict(opening=before, evidence=["new_event_file"])
+    assert window_mark(before, after, reset_step=100, **kw) is None
+    assert window_mark(before, full, reset_step=100, **kw) is not None
