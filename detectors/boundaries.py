@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .launch_config import model_move
-from .model import Boundary, Evidence, Lineage, Segment, Series
+from .model import Boundary, Evidence, Lineage, Segment, Series, logging_interval
 
 
 RUNTIME_DROP_SECONDS = 1e-6
@@ -311,6 +311,9 @@ def named_reset_step(lineage: Lineage, b: Boundary) -> int | None:
         return int(b.resumed_from_step)
     if b.step != b.resumed_from_step + 1 or not 0 < b.piece_index < len(lineage.piece_segments):
         return None
+    kl = lineage.kl_pieces() if lineage.kl_metric else []
+    if kl and logging_interval([kl[b.piece_index - 1], kl[b.piece_index]]) != 1:
+        return None  # logged every L > 1 steps: the first step logged after a resume is the next multiple of L
     ia, ib = lineage.piece_segments[b.piece_index], lineage.piece_segments[b.piece_index - 1]
     if not (0 <= ia < len(lineage.segments) and 0 <= ib < len(lineage.segments)):
         return None  # pieces without their tracker segments (a stream): nothing says what the tracker keeps

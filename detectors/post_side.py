@@ -6,7 +6,7 @@ No boundary is in such logs, but the bug still shows: the frameworks compute the
 trainer's implicit rewards) inside the step's loss, before the update, so a launch whose reference was
 rebuilt from the weights it resumed with logs the value of a policy equal to its reference, 0, at its first
 step, then regrows. A healthy launch that starts past the run's first step logs its KL where it was, many
-updates away from the base model: never ~0, and never 100x under the next step's.
+updates away from the base model: never ~0, never 100x under its own level.
 
 This is a signal the detectors read (``late_opening``); they report what it finds as a verdict at the
 launch's first step, saying the earlier side was not in the logs.
@@ -32,7 +32,11 @@ class PostSideConfig:
     """A launch whose first logged step is at least this (a run logs from step 0 or 1, or 1 logging interval
     in) started past the run's first step."""
     floor_fraction: float = 0.01
-    """The first point is at the floor when under this share of the next point and of the launch's level."""
+    """The first point is at the floor when under this share of the launch's level ..."""
+    next_fraction: float = 0.2
+    """... and of the next point. Not 1%: PPO-style trainers (verl, NeMo-RL, our sample loop) take several
+    mini-batch updates per step and log the step's mean, so the first step after a reset averages a KL of 0
+    (the first mini-batch) with those after one or more updates: small, a few times under the next step's."""
     floor_absolute: float = 1e-9
     regrowth_points: int = 2
     """Points after the first that must be off the floor and under the launch's later level."""
@@ -69,7 +73,7 @@ def late_opening(first: Series, *, cadence: int, config: PostSideConfig = PostSi
         return None
     level = float(np.percentile(vals, 90))
     nxt = vals[1:1 + config.regrowth_points]
-    tol = max(config.floor_absolute, config.floor_fraction * min(level, float(nxt[0])))
+    tol = max(config.floor_absolute, min(config.floor_fraction * level, config.next_fraction * float(nxt[0])))
     if vals[0] > tol or np.any(nxt <= config.floor_absolute) or np.any(nxt >= level):
         return None
     # and regrowing: the launch's later points stand well above its first steps

@@ -844,11 +844,12 @@ def marked(v: BoundaryVerdict, before: Series, after: Series, *, opening: Series
     mark = snapshot_mark(before, after, reset_step=v.boundary.resumed_from_step, opening=opening, lr=lr,
                          config=config.snapshot)
     if mark is None:
-        window = window_mark(before, after, reset_step=v.boundary.resumed_from_step, opening=opening,
+        window = window_mark(before, after, reset_step=named, opening=opening,
                              evidence=v.boundary.evidence, lr=lr, config=config.window)
         # a deep fall alone is weaker than the exact floor: it decides where the statistic could not weigh the
-        # points, or leans to a reset, never against a statistic leaning to a continuation; a retrace decides
-        if window is not None and (window.retraced or v.score >= 0.5):
+        # points, or leans to a reset, never against a statistic leaning to a continuation; a retrace or a fall
+        # under the re-logged steps decides
+        if window is not None and (window.retraced or window.relogged or v.score >= 0.5):
             return replace(v, verdict="reference_reset", score=max(v.score, config.reset_score), explanation=(
                 f"{window.describe(quantity)}: the reference policy was rebuilt from the resumed weights. "
                 "Load the reference from the base model, not the checkpoint."))

@@ -8,13 +8,16 @@ is gone, but the first window falls back to the opening's band, far below where 
 the next windows climb again (``../shared/FRAMEWORKS.md``: "With sparse logging the first logged point is
 a mean over the steps since the last log: small, not 0").
 
-Two readings, either enough:
+Three readings, any one enough:
 
 - a *deep fall*: the first window lies far under where the KL had grown (a third of it at most) and the
   next climbs without returning to it at once;
 - a *retrace*: the first windows after the checkpoint repeat the run's own first windows, one for one,
   within the run's noise, while the KL before the resume had clearly left them. This is the mark of a
-  resume so early that the regrowth reaches the old level within a window or two.
+  resume so early that the regrowth reaches the old level within a window or two;
+- *re-logged*: a launch that crashed after its checkpoint logged on past it, and the resumed launch re-logs
+  those steps far under the values logged there the first time (a correct resume re-logs them about where
+  they were: the same checkpoint, the same data).
 
 This decides a boundary the statistic leaves ``inconclusive`` early in a run, where too few points
 precede the resume to measure a level against the run's typical KL. A healthy resume continues the
@@ -71,6 +74,8 @@ class WindowMarkConfig:
     under ``retrace_fraction`` of the level."""
     retrace_sigmas: float = 2.5
     retrace_fraction: float = 0.6
+    relogged_fraction: float = 0.6
+    """Re-logged: each of the first windows under this share of what the launch before logged at that step."""
     noise_points: int = 6
     """Points (before the resume, else after its regrowth) whose step-to-step noise the fall must exceed
     ``drop_sigmas`` times (log space), so a noisy KL's low outlier is not a mark. The retrace needs it."""
@@ -91,11 +96,14 @@ class WindowMark:
     first_step: int
     cadence: int
     retraced: int = 0
-    """How many first windows repeated the run's own (0: read as a deep fall)."""
+    """How many first windows repeated the run's own (0: read otherwise)."""
+    relogged: int = 0
+    """How many first windows lay far under the same steps as the launch before logged them (0: not read so)."""
 
     def describe(self, quantity: str) -> str:
-        how = (f"and the next {self.retraced - 1} window(s) repeat the run's own first ones"
-               if self.retraced else "and it climbs again from there")
+        how = (f"and the next {self.retraced - 1} window(s) repeat the run's own first ones" if self.retraced else
+               f"far under what the launch before logged at the same {self.relogged} steps before it crashed"
+               if self.relogged else "and it climbs again from there")
         return (f"{quantity} averaged {self.value:.3g} over the first logging window after the checkpoint of step "
                 f"{self.reset_step} (logged at step {self.first_step}, every {self.cadence} steps), down from "
                 f"{self.level:.3g}, back in the band of the run's own first window ({self.opening_first:.3g}), "
@@ -160,11 +168,25 @@ def _retraced(start: Series, post: Series, *, level: float, sigma: float | None,
     return 0
 
 
+def _under_relogged(pre: Series, post: Series, *, sigma: float | None, short: float, config: WindowMarkConfig) -> int:
+    """How many first windows after the resume lie far under what the launch before logged at the very same steps
+    (it ran on past its checkpoint before it crashed, and the resumed launch re-logs those steps): a correct resume
+    re-logs them about where they were, a rebuilt reference from ~0. Each under ``relogged_fraction`` of its twin,
+    the first by ``drop_sigmas`` of the run's noise; 0 when fewer than two pairs say so."""
+    crashed = {int(s): float(v) for s, v in zip(pre.steps, pre.values) if s >= post.steps[0]}
+    m = min(config.retrace_points, len(post))
+    pairs = [(float(v), crashed[int(s)]) for s, v in zip(post.steps[:m], post.values[:m]) if int(s) in crashed]
+    if sigma is None or len(pairs) < 2 or not all(0 < ours < config.relogged_fraction * theirs for ours, theirs in pairs):
+        return 0
+    return len(pairs) if float(np.log(pairs[0][1] / pairs[0][0])) >= config.drop_sigmas * sigma * short else 0
+
+
 def window_mark(before: Series, after: Series, *, reset_step: int | None, opening: Series | None,
                 evidence: Sequence[str], lr: Series | None = None,
                 config: WindowMarkConfig = WindowMarkConfig()) -> WindowMark | None:
     """The window mark at a resume, or None. ``before``/``after`` are the judged series (a KL or a preference
-    margin) on each side; ``reset_step`` the checkpoint's step (else the last logged step before);
+    margin) on each side; ``reset_step`` the checkpoint's step when the logs name it (``named_reset_step``; else
+    the last logged step before, where trainers that save at multiples of their logging interval save);
     ``opening`` the run's first logged points, from its first window; ``evidence`` the boundary's; ``lr`` the
     learning rate the run applied (``klwatch.progress.run_lr``), if logged."""
     if not any(e in LAUNCH_EVIDENCE for e in evidence):
@@ -186,9 +208,11 @@ def window_mark(before: Series, after: Series, *, reset_step: int | None, openin
                                       and int(kept.steps[-1]) < reset_step < int(post.steps[0]) else [])
     # a first window cut short by a checkpoint between two logs averages fewer steps: noisier by sqrt(L / k)
     short = float(np.sqrt(cadence / max(1, min(cadence, int(post.steps[0]) - resets[-1]))))
-    if sigma is not None and first > 0 and float(np.log(level / first)) < config.drop_sigmas * sigma * short:
+    relogged = _under_relogged(pre, post, sigma=sigma, short=short, config=config)
+    if not relogged and sigma is not None and first > 0 and \
+            float(np.log(level / first)) < config.drop_sigmas * sigma * short:
         return None  # a fall within the run's own noise
     retraced = _retraced(start, post, level=level, sigma=sigma, lr=lr, resets=resets, config=config)
-    if not retraced and not _deep_fall(level, recent, origin, post.values, sigma, config):
+    if not relogged and not retraced and not _deep_fall(level, recent, origin, post.values, sigma, config):
         return None
-    return WindowMark(first, level, origin, resets[-1], int(post.steps[0]), cadence, retraced)
+    return WindowMark(first, level, origin, resets[-1], int(post.steps[0]), cadence, retraced, relogged)

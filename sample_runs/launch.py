@@ -47,6 +47,9 @@ def open_writer(spec: dict[str, Any], *, config: dict[str, Any], first_step: int
             config=config,
             run_id=spec.get("mlflow_run_id"),
         )
+    if tracker == "verl-file":
+        return trackers.VerlFileWriter(verl_src=Path(spec["verl_src"]), root=Path(spec["verl_file_root"]),
+                                       project=spec["project"], experiment=spec["name"])
     raise ValueError(f"unknown tracker {tracker!r}")
 
 

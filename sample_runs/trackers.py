@@ -242,6 +242,34 @@ class MlflowWriter:
         return {"run_id": run_id}
 
 
+class VerlFileWriter:
+    """verl's own ``Tracking(default_backend="file")``, its class loaded from a verl source tree (``verl_src``) at
+    generation time and never copied: ``FileLogger`` opens ``$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl``
+    with ``"wb"`` at every launch and writes ``{"step": N, "data": {...}}`` per step, so the file keeps only the
+    last launch. The tracking module imports only the standard library and ``orjson`` at its top, so it is loaded
+    from its file without importing the ``verl`` package (torch, ray, ...)."""
+
+    def __init__(self, *, verl_src: Path, root: Path, project: str, experiment: str) -> None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("verl_utils_tracking", verl_src / "verl" / "utils" / "tracking.py")
+        if spec is None or spec.loader is None:
+            raise FileNotFoundError(f"{verl_src}: no verl/utils/tracking.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        os.environ["VERL_FILE_LOGGER_ROOT"] = str(root)
+        os.environ.pop("VERL_FILE_LOGGER_PATH", None)
+        self.tracking = module.Tracking(project_name=project, experiment_name=experiment, default_backend="file")
+        self.path = Path(self.tracking.logger["file"].filepath)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.tracking.log(data=metrics, step=step)  # ray_trainer.fit: logger.log(data=metrics, step=self.global_steps)
+
+    def close(self, *, crashed: bool) -> dict[str, Any]:
+        self.tracking.logger["file"].finish()
+        return {"jsonl": str(self.path)}
+
+
 # ------------------------------------------------------------------ committed-size housekeeping
 
 

@@ -254,3 +254,15 @@ def test_a_wandb_run_resumed_under_its_id_or_a_table_names_no_reset_step():
         assert named_reset_step(lin, lin.boundaries[0]) is None, kind
     lin = _two_launch_lineage("tensorboard", (None, None), evidence=["new_event_file"], resumed_from=None)
     assert named_reset_step(lin, lin.boundaries[0]) is None
+
+
+def test_a_run_logged_every_ten_steps_names_no_reset_step_from_the_first_step_after():
+    """With logging every L > 1 steps the first step logged after a resume is the next multiple of L: the step
+    before it is not where the run saved."""
+    lin = _two_launch_lineage("tensorboard", (None, None), evidence=["step_rewind", "duplicate_steps"],
+                              resumed_from=79, first=80)
+    lin.kl_metric = "kl"
+    lin.pieces = [{"kl": Series(np.arange(10, 111, 10), np.ones(11))}, {"kl": Series(np.arange(80, 201, 10), np.ones(13))}]
+    assert named_reset_step(lin, lin.boundaries[0]) is None
+    lin.pieces = [{"kl": Series(np.arange(1, 90), np.ones(89))}, {"kl": Series(np.arange(80, 201), np.ones(121))}]
+    assert named_reset_step(lin, lin.boundaries[0]) == 79

@@ -70,3 +70,18 @@ def test_a_window_mean_cannot_sit_at_the_floor():
 def test_a_kl_that_stays_at_zero_after_a_late_start_is_not_a_regrowth():
     steps = np.arange(26, 61)
     assert late_opening(Series(steps, np.zeros(len(steps))), cadence=1) is None
+
+
+def test_a_first_step_averaging_mini_batches_after_the_reset_is_at_the_floor():
+    # verl (and PPO-style loops) log the mean of the step's mini-batch updates: the first after a reset averages 0
+    # with one update's KL, ~10x under the next step's, thousands of times under where the launch regrows to
+    steps = np.arange(27, 41)
+    kl = np.array([7.8e-6, 8.1e-5, 3e-4, 8e-4, 2e-3, 4e-3, 7e-3, 1e-2, 1.4e-2, 1.8e-2, 2.2e-2, 2.6e-2, 3e-2, 3.3e-2])
+    mark = late_opening(Series(steps, kl), cadence=1)
+    assert mark is not None and mark.first_step == 27
+
+
+def test_a_late_start_a_few_times_under_its_next_step_but_near_its_level_is_not_at_the_floor():
+    steps = np.arange(27, 41)
+    kl = np.array([0.004, 0.02, 0.021, 0.019, 0.022, 0.02, 0.021, 0.023, 0.02, 0.022, 0.021, 0.02, 0.022, 0.021])
+    assert late_opening(Series(steps, kl), cadence=1) is None

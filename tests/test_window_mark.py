@@ -140,3 +140,17 @@ def test_a_first_window_cut_short_by_the_checkpoint_must_fall_further_than_a_ful
     kw = dict(opening=before, evidence=["new_event_file"])
     assert window_mark(before, after, reset_step=100, **kw) is None
     assert window_mark(before, full, reset_step=100, **kw) is not None
+
+
+def test_windows_far_under_the_steps_the_crashed_launch_logged_there_are_the_mark():
+    # the crashed launch ran on to step 110 past its checkpoint at 70; the resumed one re-logs 80.. from ~0
+    before = _series(10, [0.001, 0.0031, 0.0056, 0.0077, 0.0113, 0.0150, 0.0169, 0.0191, 0.0238, 0.0258, 0.028])
+    after = _series(80, [0.0020, 0.0071, 0.0113, 0.0161, 0.0200, 0.0240, 0.0270, 0.0290, 0.0300, 0.0310])
+    mark = window_mark(before, after, reset_step=None, opening=before, evidence=["step_rewind", "duplicate_steps"])
+    assert mark is not None and mark.relogged == 3 and mark.reset_step == 70
+
+
+def test_re_logged_steps_about_where_the_crashed_launch_had_them_are_not_the_mark():
+    before = _series(10, [0.001, 0.0031, 0.0056, 0.0077, 0.0113, 0.0150, 0.0169, 0.0191, 0.0238, 0.0258, 0.028])
+    after = _series(80, [0.0110, 0.0160, 0.0200, 0.0230, 0.0250, 0.0270, 0.0285, 0.0295, 0.0300, 0.0310])  # a dip
+    assert window_mark(before, after, reset_step=None, opening=before, evidence=["step_rewind"]) is None
