@@ -147,7 +147,8 @@ def _deep_fall(level: float, recent: np.ndarray, origin: float, post: np.ndarray
     """The first window far under the level, the next climbing but still clearly under it: two windows of
     evidence, so one low outlier (the next window back at the level) never reads as a fall."""
     first, nxt = float(post[0]), float(post[1])
-    ceiling = config.return_fraction * level * (1.0 if sigma is None else min(1.0, float(np.exp(-config.next_sigmas * sigma))))
+    under = 1.0 if sigma is None else min(1.0, float(np.exp(-config.next_sigmas * sigma)))
+    ceiling = config.return_fraction * level * under
     return (level > config.grown_factor * origin and abs(first) < config.drop_fraction * level
             and first < float(np.min(recent)) and first < nxt < ceiling)
 
@@ -176,7 +177,8 @@ def _under_relogged(pre: Series, post: Series, *, sigma: float | None, short: fl
     crashed = {int(s): float(v) for s, v in zip(pre.steps, pre.values) if s >= post.steps[0]}
     m = min(config.retrace_points, len(post))
     pairs = [(float(v), crashed[int(s)]) for s, v in zip(post.steps[:m], post.values[:m]) if int(s) in crashed]
-    if sigma is None or len(pairs) < 2 or not all(0 < ours < config.relogged_fraction * theirs for ours, theirs in pairs):
+    if sigma is None or len(pairs) < 2 or not all(0 < ours < config.relogged_fraction * theirs
+                                                  for ours, theirs in pairs):
         return 0
     return len(pairs) if float(np.log(pairs[0][1] / pairs[0][0])) >= config.drop_sigmas * sigma * short else 0
 

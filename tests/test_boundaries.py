@@ -262,7 +262,8 @@ def test_a_run_logged_every_ten_steps_names_no_reset_step_from_the_first_step_af
     lin = _two_launch_lineage("tensorboard", (None, None), evidence=["step_rewind", "duplicate_steps"],
                               resumed_from=79, first=80)
     lin.kl_metric = "kl"
-    lin.pieces = [{"kl": Series(np.arange(10, 111, 10), np.ones(11))}, {"kl": Series(np.arange(80, 201, 10), np.ones(13))}]
+    lin.pieces = [{"kl": Series(np.arange(10, 111, 10), np.ones(11))},
+                  {"kl": Series(np.arange(80, 201, 10), np.ones(13))}]
     assert named_reset_step(lin, lin.boundaries[0]) is None
     lin.pieces = [{"kl": Series(np.arange(1, 90), np.ones(89))}, {"kl": Series(np.arange(80, 201), np.ones(121))}]
     assert named_reset_step(lin, lin.boundaries[0]) == 79

@@ -96,8 +96,8 @@ def generate(*, out: Path, verl: Path, names: Sequence[str] = SCENARIOS) -> dict
             results = launch_all(name, table[name], out=out, verl=verl, scratch=Path(tmp))
             runs.append(manifest_entry(name, table[name], results, out=out))
             print(f"{name}: {len(results)} launch(es), file keeps steps {runs[-1]['steps_in_file']}")
-    manifest = {"generator": "sample_runs/verl_file_corpus/generate.py", "verl": {"commit": COMMIT, "file": "verl/utils/tracking.py"},
-                "steps": STEPS, "generation_seconds": round(time.time() - started, 1), "runs": runs}
+    manifest = {"generator": "sample_runs/verl_file_corpus/generate.py",
+                "verl": {"commit": COMMIT, "file": "verl/utils/tracking.py"}, "steps": STEPS, "generation_seconds": round(time.time() - started, 1), "runs": runs}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
