@@ -31,7 +31,8 @@ from .limits import SNIFF_ABOVE, first_nul, read_regular, sniff, zero_stretches
 from .local import NotALog, ReadError
 
 STEP_COLUMNS = ("step", "_step", "global_step", "train/global_step", "iteration")
-WALL_COLUMNS = ("wall_time", "_timestamp", "timestamp", "time")
+WALL_COLUMNS = ("wall_time", "wall time", "_timestamp", "timestamp", "time")
+"""``Wall time`` is TensorBoard's UI CSV download (``Wall time,Step,Value``)."""
 SEGMENT_COLUMNS = ("segment", "run_id", "run", "restart", "process", "dir_name")
 NAME_COLUMNS = ("run_name", "name")
 TAG_COLUMNS = ("tag", "metric")
@@ -348,6 +349,12 @@ class _TableLayout:
     def long(self) -> bool:
         return self.tag_name is not None and self.value_name is not None
 
+    @property
+    def unnamed(self) -> str | None:
+        """A value column without a tag column holds one series whose name the file does not hold (TensorBoard's
+        UI CSV download): it is named after the file."""
+        return Path(self.group).name if self.value_name is not None and self.tag_name is None else None
+
 
 def _segments(columns: dict[str, _Column], *, nrows: int, path: Path, ref: str, source: str,
               warnings: list[str]) -> list[Segment]:
@@ -382,7 +389,11 @@ def _table_layout(columns: dict[str, _Column], *, ref: str, warnings: list[str])
     group = str(Path(ref).with_suffix("")) if Path(ref).suffix else ref
     layout = _TableLayout(step_name, has_step, steps, wall_name, walls, seg_name, name_name, tag_name,
                           value_name, metric_names, group)
-    if not layout.long and not metric_names:
+    if layout.unnamed:
+        warnings.append(f"{ref}: one series without its name in column {value_name!r} (a TensorBoard UI CSV download "
+                        f"names neither run nor tag inside); read as {layout.unnamed!r}: pass --metric "
+                        f"{layout.unnamed!r} if it is the reference KL")
+    elif not layout.long and not metric_names:
         warnings.append(f"{ref}: no numeric metric columns besides {step_name!r}")
     return layout
 
@@ -427,8 +438,10 @@ def _table_segment(columns: dict[str, _Column], layout: _TableLayout, *, value: 
         series = _long_series(columns[layout.tag_name], columns[layout.value_name], rows=rows,
                               steps=layout.steps, walls=layout.walls, ref=ref, warnings=warnings)
     else:
-        series = _wide_series({n: columns[n] for n in layout.metric_names}, rows=rows, steps=layout.steps,
-                              walls=layout.walls, ref=ref, warnings=warnings)
+        metrics = {n: columns[n] for n in layout.metric_names}
+        if layout.unnamed is not None and layout.value_name is not None:
+            metrics.setdefault(layout.unnamed, columns[layout.value_name])
+        series = _wide_series(metrics, rows=rows, steps=layout.steps, walls=layout.walls, ref=ref, warnings=warnings)
     name = None
     if layout.name_name is not None:
         names = [_cell_text(x) for x in columns[layout.name_name].raw[rows]]

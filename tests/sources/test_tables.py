@@ -325,3 +325,15 @@ def test_a_run_beside_a_table_with_a_step_out_of_range_is_still_judged(tmp_path:
     assert by_name["good"]["status"] == "ok" and "out of range" in (by_name["bad.csv"]["error"] or "")
     assert "RuntimeWarning" not in out.stderr and "-9223372036854775808" not in out.stdout + out.stderr
     assert out.returncode == 3, out.returncode
+
+
+def test_tensorboards_ui_csv_download_is_one_series_named_after_the_file_with_its_clock(tmp_path):
+    """``Wall time,Step,Value`` names neither run nor tag: the series takes the file's name, the clock is read."""
+    path = tmp_path / "grpo-run-7.csv"
+    path.write_text("Wall time,Step,Value\n1700000000.5,1,0.0\n1700000001.5,2,0.01\n1700000100.0,3,0.02\n")
+    (seg,) = read_table(path, ref=path.name, source=str(tmp_path))
+    assert list(seg.series) == ["grpo-run-7"]
+    s = seg.series["grpo-run-7"]
+    assert list(s.steps) == [1, 2, 3] and s.wall_times is not None and float(s.wall_times[2]) > 1700000099
+    assert seg.start_time is not None and seg.start_time < 1700000001
+    assert any("--metric 'grpo-run-7'" in w for w in seg.warnings)
