@@ -53,7 +53,7 @@ from .snapshot_mark import SnapshotMarkConfig, off_the_floor, snapshot_mark
 from .window_mark import WindowMarkConfig, window_mark
 from .model import (Boundary, BoundaryVerdict, Finding, Lineage, LineageResult, Series, Verdict, cadence_of,
                     logging_interval)
-from .stats import diff_noise, floored_log, t_logpdf
+from .stats import diff_noise, floored_log, t_logpdf, theil_sen_slope
 
 Curve = Callable[[np.ndarray], np.ndarray]
 """A regrowth curve: the KL predicted at offsets k >= 0 steps after the reset step."""
@@ -281,9 +281,7 @@ def _log_slope(pre: Series, lpre: np.ndarray, points: int, floor: float) -> tupl
     x, y = pre.steps[-n:].astype(float), lpre[-n:]
     keep = y > floor
     x, y = x[keep], y[keep]
-    n = len(y)
-    slopes = [(y[j] - y[i]) / (x[j] - x[i]) for i in range(n) for j in range(i + 1, n) if x[j] > x[i]]
-    slope = max(0.0, float(np.median(slopes))) if slopes else 0.0
+    slope = max(0.0, theil_sen_slope(x, y))
     return slope, float(np.median(y - slope * x))
 
 

@@ -107,6 +107,12 @@ def diff_noise(x: np.ndarray) -> float:
     return robust_sigma(np.diff(x)) / FIRST_DIFF_SCALE
 
 
+def theil_sen_slope(x: np.ndarray, y: np.ndarray) -> float:
+    """The median of the pairwise slopes (0 with fewer than two distinct x): a line one outlier barely moves."""
+    slopes = [(y[j] - y[i]) / (x[j] - x[i]) for i in range(len(y)) for j in range(i + 1, len(y)) if x[j] > x[i]]
+    return float(np.median(slopes)) if slopes else 0.0
+
+
 def t_logpdf(x: np.ndarray | float, dof: float, loc: np.ndarray | float, scale: np.ndarray | float) -> np.ndarray:
     """Student-t log density, as ``scipy.stats.t.logpdf``: heavy tails so one outlier is not a verdict."""
     from scipy.special import gammaln  # not at import: scipy loads only when something is judged

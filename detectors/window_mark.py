@@ -37,7 +37,7 @@ import numpy as np
 
 from .model import Series, logging_interval
 from .progress import retraced_points
-from .stats import diff_noise
+from .stats import diff_noise, theil_sen_slope
 
 LAUNCH_EVIDENCE = ("new_tracker_run", "new_event_file", "step_rewind", "duplicate_steps", "runtime_reset",
                    "checkpoint", "model_from_checkpoint")
@@ -127,8 +127,7 @@ def _reached(pre: Series, points: int) -> float:
     one outlier among them moves it little."""
     recent = pre.take(slice(-min(points, len(pre) - 1), None))
     x, y = recent.steps.astype(float), np.log(np.clip(recent.values, 1e-300, None))
-    slopes = [(y[j] - y[i]) / (x[j] - x[i]) for i in range(len(y)) for j in range(i + 1, len(y)) if x[j] > x[i]]
-    slope = float(np.median(slopes)) if slopes else 0.0
+    slope = theil_sen_slope(x, y)
     return float(np.exp(np.median(y - slope * x) + slope * x[-1]))
 
 

@@ -36,7 +36,7 @@ def test_the_run_learning_rate_keeps_the_resumed_launchs_values_for_re_logged_st
     lin = Lineage(id="r", name="r", segments=[], pieces=[first, second], piece_segments=[0, 1])
     lr = run_lr(lin)
     assert lr is not None and list(lr.steps) == list(range(1, 16))
-    assert list(lr.values[:5]) == [2.0] * 5 and list(lr.values[5:]) == [1.0] * 10
+    assert lr.values[:5] == pytest.approx([2.0] * 5) and lr.values[5:] == pytest.approx([1.0] * 10)
 
 
 def test_a_run_without_a_learning_rate_has_none():
