@@ -26,6 +26,10 @@ pytestmark = needs_chromium
 
 def _shot(locator, name: str, tmp_path: Path) -> None:
     """A picture of ``locator`` (kept small: the README shows it), copied to $KLWATCH_SCREENSHOT_DIR."""
+    from playwright.sync_api import expect
+
+    # a rerun keeps the old element beside its replacement for a moment (seen under load): wait for one
+    expect(locator).to_have_count(1, timeout=120_000)
     path = tmp_path / name
     locator.screenshot(path=str(path))
     assert path.stat().st_size > 10_000
