@@ -7,7 +7,10 @@ sources (``klwatch.sources``) -> runs (``Segment``) -> lineages with boundaries
 ``klwatch.alerts``).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+"""The one place the version is written: pyproject.toml reads it from here (``[tool.setuptools.dynamic]``), the
+package metadata and so ``klwatch --version`` from that, the report's ``tool_version`` from here. Bump it with the
+CHANGELOG.md section of the release."""
 
 
 def __getattr__(name: str):

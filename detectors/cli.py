@@ -156,10 +156,21 @@ def _report_text(result: ScanResult, fmt: str) -> str:
     return buf.getvalue()
 
 
+def installed_version() -> str:
+    """The version the installed distribution's metadata records: what pip, ``pip show`` and a pinned
+    ``uses: ...@vX.Y.Z`` see. A source tree run without installing has no metadata: its ``__version__``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("klwatch")
+    except PackageNotFoundError:
+        return __version__
+
+
 def version_callback(value: bool) -> None:
     """``--version``: print it and stop before any command runs."""
     if value:
-        print(f"klwatch {__version__}")
+        print(f"klwatch {installed_version()}")
         raise typer.Exit(0)
 
 
