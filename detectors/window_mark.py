@@ -75,7 +75,8 @@ class WindowMarkConfig:
     retrace_sigmas: float = 2.5
     retrace_fraction: float = 0.6
     relogged_fraction: float = 0.6
-    """Re-logged: each of the first windows under this share of what the launch before logged at that step."""
+    """Re-logged: the first window, and the first windows' geometric mean, under this share of what the launch
+    before logged at the same steps (each of them under it)."""
     noise_points: int = 6
     """Points (before the resume, else after its regrowth) whose step-to-step noise the fall must exceed
     ``drop_sigmas`` times (log space), so a noisy KL's low outlier is not a mark. The retrace needs it."""
@@ -171,13 +172,17 @@ def _retraced(start: Series, post: Series, *, level: float, sigma: float | None,
 def _under_relogged(pre: Series, post: Series, *, sigma: float | None, short: float, config: WindowMarkConfig) -> int:
     """How many first windows after the resume lie far under what the launch before logged at the very same steps
     (it ran on past its checkpoint before it crashed, and the resumed launch re-logs those steps): a correct resume
-    re-logs them about where they were, a rebuilt reference from ~0. Each under ``relogged_fraction`` of its twin,
-    the first by ``drop_sigmas`` of the run's noise; 0 when fewer than two pairs say so."""
+    re-logs them about where they were, a rebuilt reference from ~0. The first under ``relogged_fraction`` of its
+    twin by ``drop_sigmas`` of the run's noise, each under its twin and all of them, as a geometric mean, under
+    ``relogged_fraction`` (the regrowth closes in on the crashed launch's values window by window); 0 when fewer than
+    two pairs say so."""
     crashed = {int(s): float(v) for s, v in zip(pre.steps, pre.values) if s >= post.steps[0]}
     m = min(config.retrace_points, len(post))
-    pairs = [(float(v), crashed[int(s)]) for s, v in zip(post.steps[:m], post.values[:m]) if int(s) in crashed]
-    if sigma is None or len(pairs) < 2 or not all(0 < ours < config.relogged_fraction * theirs
-                                                  for ours, theirs in pairs):
+    pairs = np.array([(float(v), crashed[int(s)]) for s, v in zip(post.steps[:m], post.values[:m])
+                      if int(s) in crashed]).reshape(-1, 2)
+    if sigma is None or len(pairs) < 2 or not np.all((pairs[:, 0] > 0) & (pairs[:, 0] < pairs[:, 1])) or \
+            pairs[0, 0] >= config.relogged_fraction * pairs[0, 1] or \
+            float(np.mean(np.log(pairs[:, 0] / pairs[:, 1]))) >= float(np.log(config.relogged_fraction)):
         return 0
     return len(pairs) if float(np.log(pairs[0][1] / pairs[0][0])) >= config.drop_sigmas * sigma * short else 0
 

@@ -150,6 +150,21 @@ def test_windows_far_under_the_steps_the_crashed_launch_logged_there_are_the_mar
     assert mark is not None and mark.relogged == 3 and mark.reset_step == 70
 
 
+def test_a_regrowth_closing_in_on_the_crashed_launchs_values_is_still_the_mark():
+    # the third re-logged window has climbed to 70% of its twin; the first lies far under its own, all three together too
+    before = _series(10, [0.001, 0.0031, 0.0056, 0.0077, 0.0113, 0.0150, 0.0169, 0.0191, 0.0238, 0.0258, 0.028])
+    after = _series(80, [0.0020, 0.0090, 0.0180, 0.0200, 0.0240, 0.0270, 0.0290, 0.0300, 0.0310, 0.0320])
+    mark = window_mark(before, after, reset_step=None, opening=before, evidence=["step_rewind", "duplicate_steps"])
+    assert mark is not None and mark.relogged == 3
+
+
+def test_a_re_logged_window_over_its_twin_is_no_relogged_mark():
+    before = _series(10, [0.001, 0.0031, 0.0056, 0.0077, 0.0113, 0.0150, 0.0169, 0.0191, 0.0238, 0.0258, 0.028])
+    after = _series(80, [0.0020, 0.0250, 0.0300, 0.0290, 0.0300, 0.0310, 0.0300, 0.0310, 0.0320, 0.0310])
+    mark = window_mark(before, after, reset_step=None, opening=before, evidence=["step_rewind", "duplicate_steps"])
+    assert mark is None or mark.relogged == 0
+
+
 def test_re_logged_steps_about_where_the_crashed_launch_had_them_are_not_the_mark():
     before = _series(10, [0.001, 0.0031, 0.0056, 0.0077, 0.0113, 0.0150, 0.0169, 0.0191, 0.0238, 0.0258, 0.028])
     after = _series(80, [0.0110, 0.0160, 0.0200, 0.0230, 0.0250, 0.0270, 0.0285, 0.0295, 0.0300, 0.0310])  # a dip
