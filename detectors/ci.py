@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Optional
 
 import numpy as np
@@ -26,7 +27,7 @@ from .preference_reset import judged_quantity
 from .redact import scrub
 from .reference_reset import ReferenceResetConfig
 from .report import (EXIT_NOTHING_JUDGED, EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, escape_cell, exit_code, incomplete,
-                     junit_xml, nothing_judged, printable, secret_free, undecided, unreadable)
+                     junit_xml, nothing_judged, printable, secret_free, to_json, undecided, unreadable)
 
 RESET = "reference_reset"
 DEFAULT_FAIL_ON: tuple[str, ...] = (RESET,)
@@ -278,6 +279,11 @@ def junit_with_findings(result: ScanResult, found: list[Problem]) -> str:
 # ------------------------------------------------------------------------------------ command
 
 
+JsonReportOpt = Annotated[Optional[Path], typer.Option(
+    "--json", metavar="FILE", show_default=False,
+    help="Also write the JSON report (what scan --format json gives) to FILE: for later CI steps to read.")]
+
+
 FailOnOpt = Annotated[Optional[list[str]], typer.Option(
     "--fail-on", help="Detectors whose error findings fail the check too, comma-separated or repeated "
                       "(default reference_reset; 'all' for every detector). A reference reset always fails.")]
@@ -289,6 +295,7 @@ def check_command(
     *,
     options: ScanOptions,
     junit: JunitOpt = None,
+    json_report: JsonReportOpt = None,
     fail_on: FailOnOpt = None,
     no_cache: NoCacheOpt = False,
     cache_dir: CacheDirOpt = None,
@@ -305,7 +312,7 @@ def check_command(
     except ValueError as exc:
         error_exit(f"{exc}")
     config = options.config()
-    check_outputs({"--junit": junit})
+    check_outputs({"--junit": junit, "--json": json_report})
     cache = open_cache(sources, no_cache=no_cache, cache_dir=cache_dir, cache_size=cache_size)
     result = run_scan(sources, config, show_progress=False, cache=cache)
     found = problems(result, fail_on=names)
@@ -315,6 +322,8 @@ def check_command(
         _append_step_summary(summary, step_summary(result, found))
     if junit is not None:
         write_output(junit, junit_with_findings(result, found), flag="--junit")
+    if json_report is not None:
+        write_output(json_report, to_json(result) + "\n", flag="--json")
     raise typer.Exit(check_exit_code(result, found))
 
 
