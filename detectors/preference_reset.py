@@ -43,6 +43,10 @@ class PreferenceResetConfig(ReferenceResetConfig):
 
     collapse_fraction: float = 0.5
     """At a reset the chosen and rejected rewards each fall under this share of their level before."""
+    window_collapse_slack: float = 1.5
+    """Logged every L > 1 steps, a first point after a reset is the mean of a regrowth's first window, not 0: each
+    reward then falls with the margin, under this many times the margin's own share of its level (or
+    ``collapse_fraction``, whichever is more)."""
     informative_fraction: float = 0.25
     """A reward whose level before is under this share of the margin's is near 0 anyway: not read."""
     loss_tolerance: float = 0.002
@@ -222,17 +226,21 @@ class PreferenceResetDetector(Detector[PreferenceResetConfig]):
 
     def _collapsed(self, lineage: Lineage, names: Mapping[str, str], b: Boundary) -> tuple[bool, str]:
         """Whether chosen and rejected rewards both fell to ~0 at ``b`` (each read only where its level
-        before is far enough from 0 to tell)."""
+        before is far enough from 0 to tell); logged every L > 1 steps, whether they fell with the margin."""
         margin = _sides(lineage, lineage.kl_metric or "", b)
         if margin is None:
             return True, ""
         m_level = _level(margin[0])
+        allowed = self.config.collapse_fraction
+        if not _every_step(*margin) and m_level > 0:  # window means: the rewards regrow with the margin, from 0
+            fell_to = abs(float(margin[1].values[0])) / m_level
+            allowed = min(1.0, max(allowed, self.config.window_collapse_slack * fell_to))  # never a reward that rose
         for q in ("chosen", "rejected"):
             sides = _sides(lineage, names.get(q, ""), b)
             if sides is None:
                 continue
             level, first = _level(sides[0]), abs(float(sides[1].values[0]))
-            if level >= self.config.informative_fraction * m_level and first > self.config.collapse_fraction * level:
+            if level >= self.config.informative_fraction * m_level and first > allowed * level:
                 return False, f"the {q} reward stayed at {sides[1].values[0]:.3g} (from {level:.3g} before)"
         return True, ""
 

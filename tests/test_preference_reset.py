@@ -94,6 +94,34 @@ def test_a_margin_falling_while_chosen_and_rejected_stay_put_is_not_a_reset():
     assert v.verdict == "inconclusive" and "reward stayed at" in v.explanation
 
 
+def _fast_regrowth(*, rejected_kept: bool = False) -> Lineage:
+    """A buggy resume at step 30, logged every 10 steps, whose margin saturates within two windows (tau 4.5): the first
+    window after the checkpoint averages a regrowth from 0 to about half the level, and the rewards with it; with
+    ``rejected_kept``, the rejected reward's first window stays where it was before."""
+    rng = np.random.default_rng(3)
+    first = dpo_piece(np.arange(1, 31), 0, rng=rng, tau=4.5, every=10)
+    second = dpo_piece(np.arange(31, 151), 30, rng=rng, tau=4.5, every=10)
+    if rejected_kept:
+        r = second["rewards/rejected"]
+        second["rewards/rejected"] = Series(r.steps, np.r_[first["rewards/rejected"].values[-1], r.values[1:]])
+    return Lineage(id="dpo", name="dpo", segments=[], pieces=[first, second], piece_segments=[0, 1],
+                   boundaries=[Boundary(step=40, resumed_from_step=30, evidence=["new_tracker_run"], piece_index=1)],
+                   config={"loss_type": "sigmoid", "beta": 0.1})
+
+
+def test_window_means_of_rewards_falling_with_the_margin_are_a_reset_s_collapse():
+    lin = _fast_regrowth()
+    fell_to = lin.pieces[1]["rewards/margins"].values[0] / lin.pieces[0]["rewards/margins"].values[-1]
+    assert 0.5 < fell_to < 0.6  # over the 1-step rule's share (0.5), as the rewards' are
+    (v,) = PreferenceResetDetector().judge(lin).verdicts
+    assert v.verdict == "reference_reset", v.explanation
+
+
+def test_a_window_mean_reward_that_stayed_while_the_margin_fell_is_not_a_reset():
+    (v,) = PreferenceResetDetector().judge(_fast_regrowth(rejected_kept=True)).verdicts
+    assert v.verdict == "inconclusive" and "rejected reward stayed at" in v.explanation
+
+
 def test_rewards_off_zero_at_the_first_step_after_the_checkpoint_rule_a_reset_out():
     # logged every step, the first step after the checkpoint is computed before its update: a reset logs 0 there
     (v,) = PreferenceResetDetector().judge(_rewards_shifted(dpo_run(buggy=True), -5.0)).verdicts
