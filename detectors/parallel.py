@@ -13,6 +13,12 @@ gives the same message as in this process); the bytes it read are charged here t
 budget, in order, so the byte bound holds for the SOURCE as a whole; and the wait for a task is cut
 at the SOURCE's deadline, whatever the worker is doing.
 
+A Dask worker has a working directory of its own (``dask worker`` started elsewhere, on another
+machine): it is sent each unit's path made absolute from this process's working directory, so a
+relative SOURCE is read where the scan was started; the texts it writes from those paths (an
+``OSError``'s file name) are given back as the SOURCE named them. The cluster's workers must see the
+files at those absolute paths.
+
 A worker that dies (a segfault in a reader, the OOM killer) costs the unit it was reading: the units
 in flight when the pool broke are read again one at a time in a fresh worker, and the one that
 kills its worker again becomes an error Segment naming its file. A reader's exception is the
@@ -24,6 +30,7 @@ unit's error, as in one process.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -33,6 +40,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .model import Lineage, LineageResult, SourceError, SourceRead
@@ -237,6 +245,8 @@ class _Here:
     """Runs each task in this process when its result is asked for (one at a time)."""
 
     window = 1
+    elsewhere = False
+    """Whether the tasks may run in another working directory (see ``_Dask.elsewhere``)."""
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Callable[[], Any]:
         return lambda: fn(*args)
@@ -273,6 +283,9 @@ class _Pool:
     """A ``ProcessPoolExecutor`` whose workers start clean (``_start_context``), rebuilt when a
     worker dies."""
 
+    elsewhere = False
+    """Its workers are this process's children, started in its working directory."""
+
     def __init__(self, jobs: int) -> None:
         self.jobs = jobs
         self.window = 4 * jobs
@@ -288,7 +301,17 @@ class _Pool:
         return ProcessPoolExecutor(max_workers=jobs, mp_context=_start_context())
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return self._pool.submit(fn, *args)
+        """The task's future; a future failed as broken when the pool broke since the last result was
+        taken (the executor says so at the next submit), so the wait for it recovers as for any other."""
+        from concurrent.futures import Future
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            return self._pool.submit(fn, *args)
+        except BrokenProcessPool as exc:
+            failed: Future[Any] = Future()
+            failed.set_exception(exc)
+            return failed
 
     def result(self, fut: Any, timeout: float | None) -> Any:
         from concurrent.futures.process import BrokenProcessPool
@@ -343,6 +366,10 @@ def _stop(pool: Any, *, kill: bool) -> None:
 
 class _Dask:
     """Tasks on a Dask cluster through a connected ``distributed.Client``."""
+
+    elsewhere = True
+    """Its workers have working directories of their own (``dask worker`` started in another folder, on
+    another machine): a relative path is sent to them made absolute (``_sent``)."""
 
     def __init__(self, client: Any, *, address: str) -> None:
         self.client = client
@@ -631,7 +658,8 @@ def _read_units(local: dict[int, _Local], *, workers: Workers, read_unit: Any,
         if left < 0:
             return None
         plan = state.plan
-        return (read_unit_task, UnitTask(unit=plan.units[k], root=plan.read_root, spec=plan.read_spec, read_unit=read_unit,
+        unit, root = _sent(plan.units[k], plan.read_root) if runner.elsewhere else (plan.units[k], plan.read_root)
+        return (read_unit_task, UnitTask(unit=unit, root=root, spec=plan.read_spec, read_unit=read_unit,
                                          limits=state.budget.limits, what=state.budget.what,
                                          used=state.budget.used, deadline=time.time() + left))
 
@@ -656,6 +684,8 @@ def _read_units(local: dict[int, _Local], *, workers: Workers, read_unit: Any,
             if isinstance(outcome, _TaskLost):
                 got = unit_failed(unit, root=plan.read_root, spec=plan.read_spec, message=str(outcome))
             else:
+                if runner.elsewhere:
+                    outcome = _as_given(outcome, unit)
                 if outcome.limit is not None:
                     raise LimitExceeded(outcome.limit)
                 state.budget.charge(outcome.used, str(unit.path))  # the SOURCE's bytes, in order
@@ -665,6 +695,35 @@ def _read_units(local: dict[int, _Local], *, workers: Workers, read_unit: Any,
             state.stopped = True
             continue
         add_unit_read(plan, unit, got)
+
+
+def _sent(unit: Any, root: Path) -> tuple[Any, Path]:
+    """``unit`` and ``root`` as a worker with a working directory of its own must get them: absolute,
+    taken from this process's working directory, so it opens the files this process names (a relative
+    SOURCE such as ``runs/`` would otherwise be looked for where ``dask worker`` was started). The refs
+    it gives back are the same: both paths moved alike. (A W&B run folder's ``store``, an identity for
+    stitching that no report shows, is then absolute; it is so for every such Segment of the scan.)"""
+    return dataclasses.replace(unit, path=unit.path.absolute()), root.absolute()
+
+
+def _as_given(outcome: UnitOutcome, unit: Any) -> UnitOutcome:
+    """What a worker read through ``_sent`` paths, its texts naming the files as the SOURCE named them
+    (an ``OSError``'s file name, where a bound passed), as a read in this process names them."""
+    opened, given = str(unit.path.absolute()), str(unit.path)
+    if opened == given:
+        return outcome
+
+    def named(text: str) -> str:
+        return text.replace(opened, given)
+
+    if outcome.limit is not None:
+        outcome.limit = named(outcome.limit)
+    if outcome.read is not None:
+        outcome.read.warnings = [named(w) for w in outcome.read.warnings]
+        for seg in outcome.read.segments:
+            seg.error = named(seg.error) if seg.error else seg.error
+            seg.warnings = [named(w) for w in seg.warnings]
+    return outcome
 
 
 # ---------------------------------------------------------------------------------- judging

@@ -196,6 +196,36 @@ def test_a_worker_that_dies_costs_only_the_file_it_was_reading(tmp_path: Path) -
     assert [s.ref for s in result.sources[0].segments] == [s.ref for s in here.sources[0].segments]
 
 
+def test_a_worker_that_dies_before_the_next_task_is_handed_out_costs_only_its_own_task() -> None:
+    """The pool says it broke at the next submit when a worker died before it (a race a busy machine
+    wins): that submit's task runs again alone like the others lost with the pool; the scan goes on."""
+    from concurrent.futures import wait
+
+    from klwatch.parallel import _in_order, _Pool, _TaskLost
+
+    pool = _Pool(1)
+    handed: list = []
+    submit = pool.submit
+
+    def spied(fn: object, *args: object) -> object:
+        handed.append(submit(fn, *args))  # type: ignore[arg-type]
+        return handed[-1]
+
+    pool.submit = spied  # type: ignore[method-assign]
+
+    def make(k: int) -> tuple:
+        if k == 1:  # the next task is handed out once the pool has failed the first one: it is broken
+            wait(handed[:1], timeout=120)
+        return (os._exit, 3) if k == 0 else (abs, -k)
+
+    try:
+        got = dict(_in_order(range(3), runner=pool, make=make, timeout_of=lambda k: 120.0))
+    finally:
+        pool.close()
+    assert isinstance(got[0], _TaskLost) and "ended abruptly" in str(got[0])
+    assert (got[1], got[2]) == (1, 2)
+
+
 # ------------------------------------------------------------------------------- bounds
 
 
