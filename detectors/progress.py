@@ -13,8 +13,12 @@ are r + 1 .. t - 1 after a reference taken at the start of step r + 1.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 
+from .declarations import config_number
 from .metrics import LR, find_metric
 from .model import Lineage, Series
 
@@ -30,20 +34,66 @@ def run_lr(lineage: Lineage) -> Series | None:
     kept = [s.take(s.steps < nxt.steps[0]) for s, nxt in zip(parts, parts[1:])] + parts[-1:]
     lr = Series.concat([s for s in kept if len(s)])
     ok = np.isfinite(lr.values) & (lr.values >= 0)
-    return lr.take(ok) if int(np.sum(ok)) >= 2 else None
+    return _with_declared_warmup(lr.take(ok), lineage.config) if int(np.sum(ok)) >= 2 else None
+
+
+WARMUP_KEYS = (("warmup_steps", "warmup_ratio", "max_steps"),  # HF TrainingArguments (TRL)
+               ("lr_warmup_steps", "lr_warmup_steps_ratio", "total_training_steps"))  # verl's optim config
+"""Where a run's config declares its warm-up: (steps, share of the run, the run's steps); steps win when positive."""
+
+
+def declared_warmup(config: Mapping[str, Any]) -> float | None:
+    """The warm-up the config declares, in steps (HF: ``warmup_steps``, a float under 1 read as a ratio as
+    recent transformers do, else ``warmup_ratio`` x ``max_steps``; verl: ``lr_warmup_steps``, -1 meaning
+    ``lr_warmup_steps_ratio`` x ``total_training_steps``), or None."""
+    for steps_key, ratio_key, total_key in WARMUP_KEYS:
+        steps, ratio = config_number(config, leaf=steps_key), config_number(config, leaf=ratio_key)
+        total = config_number(config, leaf=total_key)
+        if steps is not None and 0 < steps < 1:
+            steps, ratio = None, steps
+        if steps is not None and steps >= 1:
+            return steps
+        if ratio is not None and ratio > 0 and total is not None and total > 0:
+            return ratio * total
+    return None
+
+
+def _with_declared_warmup(lr: Series, config: Mapping[str, Any]) -> Series:
+    """The logged rates with the ramp the config declares before the first of them (HF and verl warm up linearly
+    from 0 at step 0): a warm-up that ends before the first log leaves no trace in the logs, yet the opening ran
+    through it."""
+    warmup, first = declared_warmup(config), float(lr.steps[0])
+    if warmup is None or first <= 0:
+        return lr
+    ramp_end = int(round(warmup))
+    knots = [(0, 0.0)] + ([(ramp_end, float(lr.values[0]))] if 0 < ramp_end < first else [])
+    steps = np.array([k for k, _ in knots] + lr.steps.tolist())
+    return Series(steps, np.array([v for _, v in knots] + lr.values.tolist()))
+
+
+WARMING = 1e-3
+"""A first logged rate this share under the run's highest is inside a warm-up (float32 logs of a constant or a decay
+from the start are equal to their highest at the first point)."""
 
 
 def _lr_at(lr: Series | None, steps: np.ndarray) -> np.ndarray:
     """The learning rate of the update at each step: interpolated between logged points, extended before the
-    first along its first two (a warm-up from 0 logged every L steps), held after the last; 1 without one."""
+    first along its first two (a warm-up logged every L steps, or a decay), held after the last; 1 without one.
+    A warm-up that ended before the second logged point is extended along the line from 0 at step 0 (the HF
+    schedulers' ramp) instead: the first two straddle its peak."""
     if lr is None:
         return np.ones(len(steps))
     order = np.argsort(lr.steps, kind="stable")
     x, y = lr.steps[order].astype(float), lr.values[order]
     out = np.interp(steps, x, y)
-    if len(x) >= 2 and x[1] > x[0]:
+    early = steps < x[0]
+    if len(x) < 2 or x[1] <= x[0] or not np.any(early):
+        return out
+    top = (1 - WARMING) * float(np.max(y))
+    if y[0] < top and not y[0] < y[1] < top and x[0] > 0:
+        out[early] = np.clip(y[0] * steps[early] / x[0], 0.0, None)
+    else:
         slope = (y[1] - y[0]) / (x[1] - x[0])
-        early = steps < x[0]
         out[early] = np.clip(y[0] + slope * (steps[early] - x[0]), 0.0, None)
     return out
 

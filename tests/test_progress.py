@@ -30,6 +30,41 @@ def test_a_warm_up_first_update_runs_at_zero_as_the_hf_trainer_logs_it():
     assert got == pytest.approx([0.0, 0.0, 1e-6, 3e-6])
 
 
+def test_a_warm_up_that_peaked_between_the_first_two_logs_ramps_from_zero_before_the_first():
+    # warm-up of 12 steps to 0.5, then a linear decay, logged every 10 steps: the first two logs straddle the peak
+    lr = Series(np.array([10, 20, 30]), np.array([0.5 * 10 / 12, 0.49, 0.47]))
+    got = window_progress(lr, np.array([10]), since=0)
+    ramp = np.concatenate([[0.0], np.cumsum(0.5 / 12 * np.arange(0, 9))])  # updates 1..9 at the rates of steps 0..8
+    assert got == pytest.approx([float(np.mean(ramp))])
+
+
+def test_a_decay_from_the_first_step_is_extended_along_its_first_two_logs():
+    lr = Series(np.array([10, 20, 30]), np.array([0.9, 0.8, 0.7]))
+    # update 1 runs at the rate of step 0, 1.0 along the decay (a ramp from 0 would give 0)
+    assert window_progress(lr, np.array([2]), since=0) == pytest.approx([0.5 * 1.0])
+
+
+def _lr_run(config: dict) -> Lineage:
+    return Lineage(id="r", name="r", segments=[], pieces=[{"train/learning_rate": Series(np.array([5, 10, 15]),
+                                                                                         np.full(3, 1e-5))}],
+                   piece_segments=[0], config=config)
+
+
+@pytest.mark.parametrize("config", [{"warmup_steps": 5}, {"warmup_steps": 0, "warmup_ratio": 0.05, "max_steps": 100},
+                                    {"warmup_steps": 0.05, "max_steps": 100},
+                                    {"actor": {"optim": {"lr_warmup_steps": -1, "lr_warmup_steps_ratio": 0.05,
+                                                         "total_training_steps": 100}}}])
+def test_a_warm_up_the_config_declares_ramps_the_rate_before_the_first_log(config):
+    lr = run_lr(_lr_run(config))  # logged at its peak from the first log on: the ramp left no trace in the logs
+    assert lr is not None and lr.steps[0] == 0 and lr.values[0] == 0.0
+    assert window_progress(lr, np.array([5]), since=0) == pytest.approx([np.mean([0, 0, 2e-6, 6e-6, 1.2e-5])])
+
+
+def test_without_a_declared_warm_up_the_logged_rate_is_held_before_the_first_log():
+    lr = run_lr(_lr_run({"warmup_steps": 0, "warmup_ratio": 0.0}))
+    assert lr is not None and lr.steps[0] == 5
+
+
 def test_the_run_learning_rate_keeps_the_resumed_launchs_values_for_re_logged_steps():
     first = {"train/learning_rate": Series(np.arange(1, 11), np.full(10, 2.0))}
     second = {"train/learning_rate": Series(np.arange(6, 16), np.full(10, 1.0))}
