@@ -2,9 +2,20 @@
 
     python benchmarks/bench_dashboard.py [--runs 200] [--steps 2000] [--dir DIR] [--repeat 3] [--no-page]
     python benchmarks/bench_dashboard.py --budget [--dir DIR]     # issue 15: 100 runs x 4,000 steps
+    python benchmarks/bench_dashboard.py --browser [--dir DIR] [--small-dir DIR]   # issue 26: 1,000 x 4,000
 
 ``--budget`` measures what issue 15 asks of a 100 x 4,000 fleet: from the data read to the fleet table
 and the first run's figure, and opening a run, uncached vs cached (printed as seconds and a ratio).
+
+``--browser`` measures what issue 26 asks of a 1,000 x 4,000 fleet as a person meets it: a real
+``streamlit run dashboard/app.py`` server and Debian's headless Chromium (Playwright), the time from
+asking for the page until the status badges and the fleet table with every run are visible (cold: a
+fresh server; warm: once the server has read and judged the fleet and its findings are in, in a new
+browser with nothing cached and in a new tab of a browser that loaded the page before), and from a
+click on a run's row until that run's chart is drawn. Printed as ratios measured in the same run: the
+same on a tenth of the fleet (100 runs), and the big fleet against the floor, a bare Streamlit page
+showing only the same badges and styled table from the same caches (what Streamlit and the browser
+cost whatever the dashboard does).
 
 What a user waits for, layer by layer, on the same files:
 
@@ -37,7 +48,8 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -105,6 +117,16 @@ def write_fleet(root: Path, *, runs: int, steps: int, seed: int = 0) -> dict[str
         counts["resumed"] += resumed
         counts["buggy"] += buggy
     return counts
+
+
+def _ensure_fleet(root: Path, *, runs: int, steps: int) -> None:
+    """Write the fleet into ``root`` unless it holds one already (a 1,000-run fleet takes minutes to write)."""
+    if not any(root.glob("*/events.out.tfevents.*")):
+        t, counts = timed(lambda: write_fleet(root, runs=runs, steps=steps))
+        print(f"wrote {counts['runs']} runs ({counts['resumed']} resumed, {counts['buggy']} with the reference "  # type: ignore[index]
+              f"rebuilt), {counts['files']} event files, {counts['scalars']:,} scalars in {t:.1f} s")  # type: ignore[index]
+    size = sum(p.stat().st_size for p in root.rglob("events.out.tfevents.*"))
+    print(f"fleet: {root} ({size / 2**20:.1f} MiB)\n")
 
 
 def timed(fn: Callable[[], object], *, repeat: int = 1) -> tuple[float, object]:
@@ -295,8 +317,160 @@ def budget_rows(spec: str, *, repeat: int) -> list[Row]:
     return rows
 
 
+BROWSER_WAIT_MS = 3_600_000  # a cold read of 16M points on a busy 2-core machine; the timing is read off, not bounded
+BARE_PAGE = """
+import sys
+import streamlit as st
+from klwatch.dashboard import charts, data
+from klwatch.pipeline import ScanConfig
+
+fleet = data.load_fleet([sys.argv[1]], config=ScanConfig())  # the dashboard's own cached layers
+df = data.fleet_table_cached(fleet, {})
+st.title("klwatch: resume boundaries")
+st.markdown(" ".join(f":gray-badge[{k}: **{n}**]" for k, n in df["status"].value_counts().items()))
+st.dataframe(df.style.map(lambda s: f"color: {charts.status_color(s)}; font-weight: 600", subset=["status"]),
+             hide_index=True, height=420)
+st.caption(f"{len(df)} of {len(df)} training run(s) shown.")
+"""
+"""The floor: a Streamlit page holding nothing but the same badges and styled table, from the same caches."""
+
+
+def _usable(page, runs: int) -> None:  # type: ignore[no-untyped-def]
+    """Wait until the first usable page is there: the status badges, the fleet table, and its caption
+    saying it lists every run (flagged first: the table sorts by status)."""
+    import re
+
+    page.locator("[data-testid=stMarkdown]", has_text=re.compile(r"reference_reset: \d")).first.wait_for(
+        state="visible", timeout=BROWSER_WAIT_MS)
+    page.locator("[data-testid=stDataFrame]").first.wait_for(state="visible", timeout=BROWSER_WAIT_MS)
+    page.get_by_text(f"{runs} of {runs} training run(s) shown").wait_for(state="visible", timeout=BROWSER_WAIT_MS)
+
+
+VIEWPORT = {"width": 1400, "height": 1100}
+
+
+def _first_page(context, url: str, runs: int) -> tuple[float, object]:  # type: ignore[no-untyped-def]
+    """A new tab of ``context`` (a new one: nothing cached; or one that loaded the page before: its
+    cache warm): seconds from asking for the page to the first usable page, and the tab."""
+    page = context.new_page()
+    t = time.perf_counter()
+    page.goto(url, timeout=BROWSER_WAIT_MS)
+    _usable(page, runs)
+    return time.perf_counter() - t, page
+
+
+def _settled(page) -> float:  # type: ignore[no-untyped-def]
+    """Seconds until the script run is over and the fleet's findings (judged in the background) are in."""
+    t = time.perf_counter()
+    page.wait_for_function("() => !document.body.innerText.includes('Finding detectors are still running')"
+                           " && !document.querySelector('[data-testid=stStatusWidget]')", timeout=BROWSER_WAIT_MS,
+                           polling=250)
+    return time.perf_counter() - t
+
+
+def _open_times(page, count: int) -> list[float]:  # type: ignore[no-untyped-def]
+    """Click ``count`` runs' rows in turn (none opened before): seconds from each click until its chart,
+    titled with its name, is drawn."""
+    from chromium import click_run_name, fleet_rows
+
+    rows = fleet_rows(page)
+    heading = page.locator(".st-key-run_view h2")
+    opened = heading.first.inner_text() if heading.count() else ""
+    times = []
+    for i in [i for i, r in enumerate(rows) if r["run"] not in opened][:count]:
+        t = time.perf_counter()
+        click_run_name(page, i)
+        page.wait_for_function("(name) => [...document.querySelectorAll('.st-key-run_chart .gtitle')]"
+                               ".some(t => t.textContent.startsWith(name + ':'))", arg=rows[i]["run"],
+                               timeout=BROWSER_WAIT_MS, polling=20)
+        times.append(time.perf_counter() - t)
+        _settled(page)
+    return times
+
+
+@contextmanager
+def _streamlit(app: Path, root: Path) -> Iterator[str]:
+    """``streamlit run APP -- ROOT``, headless on a free port, from the repository root (the tests'
+    launcher, ``tests/dashboard_server.py``): its URL once it answers."""
+    from dashboard_server import free_port, running_server
+
+    port = free_port()
+    log = Path(tempfile.mkdtemp(prefix="klwatch-bench-browser-")) / "streamlit.log"
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless=true", f"--server.port={port}",
+           "--", str(root)]
+    with running_server(cmd, port=port, log=log, timeout=300) as url:
+        yield url
+
+
+def browser_times(app: Path, root: Path, *, runs: int, repeat: int, opens: bool = True) -> dict[str, float]:
+    """The page as people meet it: a real ``streamlit run`` server of ``app`` on ``root`` and Debian's
+    headless Chromium. Seconds: ``cold`` (a fresh server's first page), ``settle`` (then until the script
+    run is over and the fleet's findings are in), ``warm`` (median of ``repeat`` new browsers: the
+    server's caches warm, the browser's empty), ``warm_tab`` (median of ``repeat`` new tabs of one
+    browser that loaded the page before: both warm), ``open`` (median of ``repeat`` clicks on a row)."""
+    from playwright.sync_api import sync_playwright
+
+    from chromium import ARGS, CHROMIUM
+
+    with _streamlit(app, root) as url, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            cold, page = _first_page(browser.new_context(viewport=VIEWPORT), url, runs)
+            out = {"cold": cold, "settle": _settled(page)}
+            page.context.close()  # type: ignore[attr-defined]
+            fresh = []
+            for _ in range(repeat):
+                took, page = _first_page(browser.new_context(viewport=VIEWPORT), url, runs)
+                fresh.append(took)
+                _settled(page)
+                page.context.close()  # type: ignore[attr-defined]
+            context = browser.new_context(viewport=VIEWPORT)
+            _settled(_first_page(context, url, runs)[1])  # the browser's cache filled
+            tabs = [_first_page(context, url, runs) for _ in range(repeat)]
+            for _, tab in tabs:
+                _settled(tab)
+            out.update(warm=float(np.median(fresh)), warm_tab=float(np.median([t for t, _ in tabs])))
+            if opens:
+                out["open"] = float(np.median(_open_times(tabs[-1][1], repeat)))
+        finally:
+            browser.close()
+    return out
+
+
+def browser_report(big: Path, small: Path, *, big_runs: int, small_runs: int, repeat: int) -> None:
+    """Issue 26's figures, measured in this run: the dashboard on both fleets with their ratios, and on
+    the big one against the floor (a bare page with only the same badges and table)."""
+    sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "dashboard")]  # the browser tests' helpers
+    app = REPO / "dashboard" / "app.py"
+    measured = {n: browser_times(app, root, runs=n, repeat=repeat) for n, root in ((small_runs, small), (big_runs, big))}
+    bare_dir = Path(tempfile.mkdtemp(prefix="klwatch-bench-bare-"))
+    (bare_dir / "bare.py").write_text(BARE_PAGE)
+    bare = browser_times(bare_dir / "bare.py", big, runs=big_runs, repeat=repeat, opens=False)
+    shutil.rmtree(bare_dir, ignore_errors=True)
+    a, b = measured[small_runs], measured[big_runs]
+    print(f"{'real streamlit server + headless Chromium':44} {f'{small_runs:,} runs':>10} {f'{big_runs:,} runs':>10}  ratio"
+          f"   bare page, {big_runs:,} runs")
+    for key, what in (("cold", "first usable page, fresh server"), ("settle", "  then until the findings are in"),
+                      ("warm", "first usable page, warm (new browser)"), ("warm_tab", "first usable page, warm (new tab)"),
+                      ("open", "open a run (click -> its chart), median")):
+        ratio = f"{b[key] / a[key]:4.1f}x" if key != "settle" else "    -"  # findings may be in before the page
+        floor = f"{bare[key]:9.2f}s  (dashboard {b[key] / bare[key]:.1f}x)" if key in bare and key != "settle" else ""
+        print(f"{what:44} {a[key]:9.2f}s {b[key]:9.2f}s  {ratio}   {floor}")
+    print(f"\n{big_runs:,} runs: warm first page {b['warm']:.2f} s in a new browser, {b['warm_tab']:.2f} s in a new tab "
+          f"(target <= 5 s); open a run {b['open']:.2f} s (target <= 1 s); machine: {os.cpu_count()} cores, "
+          f"load average {os.getloadavg()[0]:.1f}")
+
+
 def run_benchmark(root: Path, args: argparse.Namespace) -> None:
     spec = str(root)
+    if args.browser:
+        small_runs = max(1, args.runs // 10)
+        small = args.small_dir or Path(tempfile.mkdtemp(prefix="klwatch-bench-dashboard-small-"))
+        _ensure_fleet(small, runs=small_runs, steps=args.steps)
+        browser_report(root, small, big_runs=args.runs, small_runs=small_runs, repeat=args.repeat)
+        if args.small_dir is None:
+            shutil.rmtree(small, ignore_errors=True)
+        return
     if args.budget:
         rows = budget_rows(spec, repeat=args.repeat)
         if not args.no_page:
@@ -341,7 +515,16 @@ def main() -> None:
     parser.add_argument("--budget", action="store_true",
                         help="issue 15's budget: a 100 x 4,000 fleet (unless --runs/--steps say otherwise), data read -> "
                              "fleet table + first run, and opening a run cached vs uncached")
+    parser.add_argument("--browser", action="store_true",
+                        help="issue 26: a real server and headless Chromium on a 1,000 x 4,000 fleet (unless --runs/--steps "
+                             "say otherwise) and on a 100-run one (--small-dir): first usable page, cold and warm, and "
+                             "opening a run")
+    parser.add_argument("--small-dir", type=Path, help="with --browser: write (or reuse) the 100-run fleet here")
     args = parser.parse_args()
+    if args.browser and "--runs" not in sys.argv:
+        args.runs = 1_000
+    if args.browser and "--steps" not in sys.argv:
+        args.steps = 4_000
     if args.budget and "--runs" not in sys.argv:
         args.runs = 100
     if args.budget and "--steps" not in sys.argv:
@@ -354,12 +537,7 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="klwatch-bench-dashboard-") if args.dir is None else None
     root = Path(tmp) if tmp is not None else args.dir
     try:
-        if not any(root.glob("*/events.out.tfevents.*")):
-            t, counts = timed(lambda: write_fleet(root, runs=args.runs, steps=args.steps))
-            print(f"wrote {counts['runs']} runs ({counts['resumed']} resumed, {counts['buggy']} with the reference "
-                  f"rebuilt), {counts['files']} event files, {counts['scalars']:,} scalars in {t:.1f} s")
-        size = sum(p.stat().st_size for p in root.rglob("events.out.tfevents.*"))
-        print(f"fleet: {root} ({size / 2**20:.1f} MiB)\n")
+        _ensure_fleet(root, runs=args.runs, steps=args.steps)
         run_benchmark(root, args)
     finally:
         if tmp is not None:

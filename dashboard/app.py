@@ -21,6 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pandas as pd
 import streamlit as st
 
 # `python -m streamlit` puts the working directory first on the import path: started from the folder that holds
@@ -57,6 +58,7 @@ ALL_STATUSES = ["reference_reset", "inconclusive", data.OK_WITH_FINDINGS, "ok", 
 SEVERITY_BADGE = {"error": "red", "warning": "orange", "info": "gray"}
 # (comments, not docstrings: Streamlit's magic would write a bare string on the page)
 ZOOM_STEPS = 200  # steps either side of a resume that zoom-to-boundary shows by default
+RUN_FRAGMENT = "open_run"  # the fragment a click on a run reruns (``show_open_run``)
 
 # The detector thresholds on the sidebar: (field, label, min, max, step, shown without expanding).
 THRESHOLDS: list[tuple[str, str, float, float, float, bool]] = [
@@ -250,6 +252,7 @@ def _pick_from_table() -> None:
     keys = st.session_state.get("_table_keys", [])
     if rows and rows[0] < len(keys):
         _open(keys[rows[0]])
+        st.rerun(RUN_FRAGMENT)  # the run view only: the fleet is as it was
 
 
 def _open(key: str) -> None:
@@ -263,6 +266,7 @@ def _open(key: str) -> None:
 
 
 def _pick_from_picture() -> None:
+    """A click on a boundary's point opens its run."""
     points = st.session_state["fleet_picture"].selection.points
     if points and points[0].get("customdata"):
         _open(points[0]["customdata"][0])
@@ -301,13 +305,14 @@ def sidebar_sources(launch: safety.Launch) -> st.delta_generator.DeltaGenerator:
     return box
 
 
-def sidebar_config(specs: list[str]) -> ScanConfig:
-    """Metric choice and detector thresholds -> the one ScanConfig the pipeline takes."""
+def sidebar_config(specs: list[str], fps: dict[str, str]) -> ScanConfig:
+    """Metric choice and detector thresholds -> the one ScanConfig the pipeline takes (``fps``: the
+    sources' fingerprints, taken once for the page)."""
     sb = st.sidebar
     sb.header("KL metric")
     names: set[str] = set()
     for spec in specs:
-        names.update(data.metric_names_cached(spec, data.fingerprint(spec)))
+        names.update(data.metric_names_cached(spec, fps[spec]))
     current = st.session_state.get("metrics") or []
     sb.multiselect("KL metric (name or glob)", sorted(names | set(current)), key="metrics", accept_new_options=True,
                    placeholder="recognised reference-KL names",
@@ -411,24 +416,64 @@ def show_source_errors(fleet: data.Fleet, launch: safety.Launch) -> None:
                     st.markdown(f"- {say(e.message)}")
 
 
-def show_fleet(fleet: data.Fleet, config: ScanConfig, findings: dict[str, list[Finding]], pending: bool) -> None:
-    """The fleet: counts by shown status, the boundary picture, the search and filters, and the table
-    (a click on a row opens the run). Findings arrive from the background; until then the rows show
-    their KL status and a note says the finding detectors are still running."""
-    df = data.fleet_table(fleet, findings)
+@st.fragment
+def show_fleet_table(fleet: data.Fleet, config: ScanConfig, findings: dict[str, list[Finding]], pending: bool,
+                     launch: safety.Launch) -> None:
+    """The search and filters, the table (a click on a row opens the run), how many rows it shows, and
+    the JSON report. Findings arrive from the background; until then the rows show their KL status, a
+    note says the finding detectors are still running, and the page is drawn again once they are in.
+    A fragment: a filter reruns this part only, and a click on a row only the open run
+    (``RUN_FRAGMENT``). From outside every fragment that click would start a full rerun, turned into
+    the run's, and Streamlit (1.67) would drop the JSON report's deferred download on the way."""
+    show_filters(findings)
+    shown = filtered_table(data.fleet_table_cached(fleet, findings))
+    show_table(shown)
+    note = " Finding detectors are still running on the fleet: badges appear as they finish." if pending else ""
+    st.caption(f"{len(shown)} of {len(fleet.keys)} training run(s) shown. Click a run (or a point above) to open it.{note}")
+    if pending:
+        _await_findings(fleet, config)
+    specs = list(fleet.specs)
+    st.download_button("Download JSON report",  # the CLI's report: findings included, computed on click
+                       data=lambda: data.report_json(data.load_fleet(specs, config=config, findings=True).scan,
+                                                     secrets=_secrets) + "\n",
+                       file_name="klwatch-report.json", mime="application/json", icon=":material/download:", on_click="ignore")
+    sync_url(run=st.session_state.get("run"), launch=launch)
+
+
+@st.fragment(key=RUN_FRAGMENT)
+def show_open_run(fleet: data.Fleet, config: ScanConfig, findings: dict[str, list[Finding]], launch: safety.Launch) -> None:
+    """The run picker, the open run and the URL. A fragment: a click on a row, or any choice in the run
+    view, reruns this part only (at 1,000 runs, drawing the whole page again costs a browser seconds
+    and the table's styling a fifth of a second)."""
+    run_key = show_run_picker(fleet, findings) if fleet.keys else None
+    if run_key is not None:
+        with st.container(key="run_view"):
+            show_run(run_key, data.judged_run(fleet, run_key, config=config), fleet=fleet, config=config)
+    sync_url(run=run_key, launch=launch)
+
+
+def show_counts(df: pd.DataFrame) -> None:
+    """One badge per shown status with its count (most severe first), and the incomplete runs'."""
     counts = df["status"].value_counts().to_dict()
     ranked = sorted(counts, key=lambda k: ALL_STATUSES.index(k) if k in ALL_STATUSES else len(ALL_STATUSES))
     n_incomplete = int((df["incomplete"] != "").sum())
     st.markdown(" ".join([f":{BADGE_COLOR.get(k, 'gray')}-badge[{k}: **{counts[k]}**]" for k in ranked] +
                          ([f":orange-badge[:material/warning: incomplete: **{n_incomplete}**]"] if n_incomplete else []))
                 or "No training runs found.")
-    points = data.boundary_points(fleet)
-    if not points.empty:
-        st.plotly_chart(charts.fleet_figure(points, thresholds=config.reference_reset), key="fleet_picture",
-                        on_select=_pick_from_picture, selection_mode="points",
-                        config={"displaylogo": False})
-    else:
+
+
+def show_picture(fleet: data.Fleet, config: ScanConfig) -> None:
+    """Every judged boundary as a point (KL after/before vs score); a click on one opens its run."""
+    figure = data.fleet_picture_cached(fleet, thresholds=config.reference_reset)
+    if figure is None:
         st.caption("No resume boundary in these runs: nothing to judge yet.")
+        return
+    st.plotly_chart(figure, key="fleet_picture", on_select=_pick_from_picture, selection_mode="points",
+                    config={"displaylogo": False})
+
+
+def show_filters(findings: dict[str, list[Finding]]) -> None:
+    """Search, only flagged, only incomplete, status and finding filters (their values live in the session)."""
     c0, c1, c4, c2, c3 = st.columns([2, 1, 1, 2, 2])
     c0.text_input("Search runs", key="search", placeholder="search runs by name", label_visibility="collapsed",
                   icon=":material/search:")
@@ -441,53 +486,51 @@ def show_fleet(fleet: data.Fleet, config: ScanConfig, findings: dict[str, list[F
                        | set(st.session_state.get("finding_filter") or []))
     c3.multiselect("Finding", detectors, key="finding_filter", placeholder="any finding", label_visibility="collapsed",
                    help="Only runs with one of these findings (resume-integrity detectors other than the KL verdict).")
-    if st.session_state.get("only_flagged"):
+
+
+def filtered_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows the filters keep, most severe status first and worst score first within one."""
+    ss = st.session_state
+    if ss.get("only_flagged"):
         df = df[df["status"] == data.FLAGGED]
-    if st.session_state.get("only_incomplete"):
+    if ss.get("only_incomplete"):
         df = df[df["incomplete"] != ""]
-    if st.session_state.get("statuses"):
-        df = df[df["status"].isin(st.session_state["statuses"])]
-    query = (st.session_state.get("search") or "").strip().lower()
+    if ss.get("statuses"):
+        df = df[df["status"].isin(ss["statuses"])]
+    query = (ss.get("search") or "").strip().lower()
     if query:
         df = df[df["run"].str.lower().str.contains(query, regex=False)]
-    wanted = set(st.session_state.get("finding_filter") or [])
+    wanted = set(ss.get("finding_filter") or [])
     if wanted:
         df = df[df["findings"].map(lambda fs: bool(wanted & set(fs or [])))]
     order = {s: i for i, s in enumerate(ALL_STATUSES)}
     df = df.sort_values(["status", "worst score"], key=lambda c: c.map(order) if c.name == "status" else -c.fillna(-1))
-    df = df.reset_index(drop=True)
+    return df.reset_index(drop=True)
+
+
+TABLE_COLUMNS = ["run", "status", "incomplete", "findings", "trackers", "segments", "resumes", "worst score", "KL before",
+                 "KL after", "at step", "last step", "metric", "error"]
+TABLE_CONFIG = {
+    "incomplete": st.column_config.TextColumn("incomplete", help="Judged on part of its logs: a file could not "
+                                              "be read, or was read only up to damage or a cut-off end (the "
+                                              "run's header names each file and why)"),
+    "findings": st.column_config.ListColumn("findings", help="What the other resume-integrity detectors "
+                                            "reported (empty while they run)"),
+    "worst score": st.column_config.ProgressColumn("worst score", min_value=0.0, max_value=1.0, format="%.2f"),
+    "KL before": st.column_config.NumberColumn("KL before", format="%.3g", help="KL level before the worst-scoring resume"),
+    "KL after": st.column_config.NumberColumn("KL after", format="%.3g", help="first KL after the worst-scoring resume"),
+    "at step": st.column_config.NumberColumn("at step", help="step of the worst-scoring resume"),
+}
+
+
+def show_table(df: pd.DataFrame) -> None:
+    """The fleet table, its status in the status's colour; a click anywhere on a row opens that run."""
     st.session_state["_table_keys"] = list(df["key"])
     theme = _theme()
     styled = df.style.map(lambda s: f"color: {charts.status_color(s, theme)}; font-weight: 600", subset=["status"])
-    st.dataframe(
-        styled, key="fleet_table", placeholder="-", on_select=_pick_from_table,
-        selection_mode=["single-row", "single-cell"], hide_index=True,
-        height=min(38 + 35 * max(len(df), 1), 420),
-        column_order=["run", "status", "incomplete", "findings", "trackers", "segments", "resumes", "worst score", "KL before",
-                      "KL after", "at step", "last step", "metric", "error"],
-        column_config={
-            "incomplete": st.column_config.TextColumn("incomplete", help="Judged on part of its logs: a file could not "
-                                                      "be read, or was read only up to damage or a cut-off end (the "
-                                                      "run's header names each file and why)"),
-            "findings": st.column_config.ListColumn("findings", help="What the other resume-integrity detectors "
-                                                    "reported (empty while they run)"),
-            "worst score": st.column_config.ProgressColumn("worst score", min_value=0.0, max_value=1.0, format="%.2f"),
-            "KL before": st.column_config.NumberColumn("KL before", format="%.3g",
-                                                       help="KL level before the worst-scoring resume"),
-            "KL after": st.column_config.NumberColumn("KL after", format="%.3g",
-                                                      help="first KL after the worst-scoring resume"),
-            "at step": st.column_config.NumberColumn("at step", help="step of the worst-scoring resume"),
-        },
-    )
-    note = " Finding detectors are still running on the fleet: badges appear as they finish." if pending else ""
-    st.caption(f"{len(df)} of {len(fleet.keys)} training run(s) shown. Click a run (or a point above) to open it.{note}")
-    if pending:
-        _await_findings(fleet, config)
-    specs = list(fleet.specs)
-    st.download_button("Download JSON report",  # the CLI's report: findings included, computed on click
-                       data=lambda: data.report_json(data.load_fleet(specs, config=config, findings=True).scan,
-                                                     secrets=_secrets) + "\n",
-                       file_name="klwatch-report.json", mime="application/json", icon=":material/download:", on_click="ignore")
+    st.dataframe(styled, key="fleet_table", placeholder="-", on_select=_pick_from_table,
+                 selection_mode=["single-row", "single-cell"], hide_index=True,
+                 height=min(38 + 35 * max(len(df), 1), 420), column_order=TABLE_COLUMNS, column_config=TABLE_CONFIG)
 
 
 @st.fragment(run_every=1.0)
@@ -517,6 +560,33 @@ def show_run(key: str, result: LineageResult, *, fleet: data.Fleet, config: Scan
     stitching looks wrong, the chart with its options, the comparison with a control run, the
     boundaries and the rest."""
     lin = result.lineage
+    show_run_header(result)
+    show_incomplete(result)
+    for why in data.implausible(lin):
+        st.warning(f"This stitching looks implausible: {why}. Check the Members below; the sidebar's Stitching "
+                   "overrides (group-by key, lineage file) can split it.", icon=":material/call_split:")
+    linked = pick_panels(key, result)
+    control, cmp = show_compare_controls(key, result, fleet=fleet, config=config)
+    x_range = chart_controls(result)
+    if result.metric or linked:
+        show_run_chart(key, result, fleet=fleet, config=config, linked=linked, control=control, cmp=cmp, x_range=x_range)
+    if cmp is not None:
+        show_comparison(cmp)
+    show_boundaries(result.verdicts)
+    show_findings(result.findings)
+    show_members(lin)
+    show_stitching(lin)
+    with st.expander("Run config"):
+        if lin.config:
+            st.json(scrubbed(lin.config), expanded=1)
+        else:
+            st.caption("No config was logged.")
+
+
+def show_run_header(result: LineageResult) -> None:
+    """The run's name with its shown status, what it was read from, its link in its tracker, and a
+    badge per finding."""
+    lin = result.lineage
     status = data.shown_status(result)
     st.header(f"{STATUS_ICON.get(status, '')} {say(lin.name)}", anchor=False)
     trackers = ", ".join(dict.fromkeys(s.kind for s in lin.segments))
@@ -529,56 +599,61 @@ def show_run(key: str, result: LineageResult, *, fleet: data.Fleet, config: Scan
         st.markdown(" ".join(f":{SEVERITY_BADGE.get(f.severity, 'gray')}-badge[:material/report: {say(f.detector)}"
                              f"{f' · step {f.step}' if f.step is not None else ''}]" for f in result.findings),
                     help="Findings of the other resume-integrity detectors (marked on the chart at their step).")
-    show_incomplete(result)
-    for why in data.implausible(lin):
-        st.warning(f"This stitching looks implausible: {why}. Check the Members below; the sidebar's Stitching "
-                   "overrides (group-by key, lineage file) can split it.", icon=":material/call_split:")
+
+
+def pick_panels(key: str, result: LineageResult) -> list[str]:
+    """The series drawn below the KL: a link's, else the person's choice, else what the findings cite
+    and one per family (loss, reward, learning rate, grad norm, entropy)."""
+    lin = result.lineage
     names = [n for n in lin.metric_names() if not n.startswith("_") and n != result.metric]
     cited = [m for f in result.findings for m in data.finding_metrics(f, lin) if m != result.metric]
     default = list(dict.fromkeys([*cited, *charts.pick_linked_metrics(names, exclude=[result.metric or "", *cited])]))
     pkey = f"linked::{key}"
     if pkey in st.session_state:  # a link's panels: only the run's own series
         st.session_state[pkey] = [m for m in st.session_state[pkey] if m in names]
-    linked = st.multiselect("Panels below the KL (one x axis; the series a finding cites are added)", names,
-                            default=None if pkey in st.session_state else default, key=pkey,
-                            on_change=_mark_panels_changed, args=(key,))
-    control, cmp = show_compare_controls(key, result, fleet=fleet, config=config)
-    x_range = chart_controls(result)
-    if result.metric or linked:
-        view = {"linked": tuple(linked), "smoothing": float(st.session_state.get("smoothing") or 0.0),
-                "log_y": bool(st.session_state.get("log_y")), "x_axis": st.session_state.get("x_axis") or "step",
-                "x_range": x_range, "theme": _theme(), "control": st.session_state.get("control"),
-                "compare_from": cmp.resume_step if cmp is not None else None}
-        fig = data.figure_cached(key, fleet.fingerprints.get(fleet.source_of[fleet.keys.index(key)], ""),
-                                 data.config_key(config), repr(sorted(view.items())), _result=result, _view=view,
-                                 _control=control, _comparison=cmp)
-        st.plotly_chart(fig, key="run_chart", config=charts.plot_config(lin.name))
-        c1, c2 = st.columns([1, 3])
-        c1.download_button("Download chart (HTML)", data=lambda: charts.figure_html(fig, filename=lin.name),
-                           file_name=f"{charts.plot_config(lin.name)['toImageButtonOptions']['filename']}.html",
-                           mime="text/html", icon=":material/download:", on_click="ignore")
-        c2.caption("PNG: the camera icon in the chart's toolbar. Hover for every panel's value at that step. "
-                   "◆ marks a finding at its step on the series it cites.")
-    if cmp is not None:
-        show_comparison(cmp)
-    show_boundaries(result.verdicts)
+    return st.multiselect("Panels below the KL (one x axis; the series a finding cites are added)", names,
+                          default=None if pkey in st.session_state else default, key=pkey,
+                          on_change=_mark_panels_changed, args=(key,))
+
+
+def show_run_chart(key: str, result: LineageResult, *, fleet: data.Fleet, config: ScanConfig, linked: list[str],
+                   control: LineageResult | None, cmp: Comparison | None, x_range: tuple[float, float] | None) -> None:
+    """The run's chart as the view options ask (built once per view: ``data.figure_cached``), and its
+    HTML download."""
+    lin = result.lineage
+    view = {"linked": tuple(linked), "smoothing": float(st.session_state.get("smoothing") or 0.0),
+            "log_y": bool(st.session_state.get("log_y")), "x_axis": st.session_state.get("x_axis") or "step",
+            "x_range": x_range, "theme": _theme(), "control": st.session_state.get("control"),
+            "compare_from": cmp.resume_step if cmp is not None else None}
+    fig = data.figure_cached(key, fleet.fingerprints.get(fleet.source_of[fleet.keys.index(key)], ""),
+                             data.config_key(config), repr(sorted(view.items())), _result=result, _view=view,
+                             _control=control, _comparison=cmp)
+    st.plotly_chart(fig, key="run_chart", config=charts.plot_config(lin.name))
+    c1, c2 = st.columns([1, 3])
+    c1.download_button("Download chart (HTML)", data=lambda: charts.figure_html(fig, filename=lin.name),
+                       file_name=f"{charts.plot_config(lin.name)['toImageButtonOptions']['filename']}.html",
+                       mime="text/html", icon=":material/download:", on_click="ignore")
+    c2.caption("PNG: the camera icon in the chart's toolbar. Hover for every panel's value at that step. "
+               "◆ marks a finding at its step on the series it cites.")
+
+
+def show_findings(findings: list[Finding]) -> None:
+    """What the other resume-integrity detectors found, each in its severity's colour."""
     st.subheader("Findings")
-    if not result.findings:
+    if not findings:
         st.caption("No other detector reported anything.")
-    for f in result.findings:
+    for f in findings:
         where = f" (step {f.step})" if f.step is not None else ""
         text = f"**{say(f.detector)}**{where}: {say(f.message)}"
         {"error": st.error, "warning": st.warning}.get(f.severity, st.info)(text)
+
+
+def show_members(lin: Lineage) -> None:
+    """The run's tracker runs, files and checkpoints, and what their readers warned of."""
     with st.expander("Members (tracker runs, files, checkpoints)"):
         st.dataframe(_members(lin), hide_index=True)
         for w in (w for seg in lin.segments for w in seg.warnings):
             st.warning(say(w))
-    show_stitching(lin)
-    with st.expander("Run config"):
-        if lin.config:
-            st.json(scrubbed(lin.config), expanded=1)
-        else:
-            st.caption("No config was logged.")
 
 
 def show_incomplete(result: LineageResult) -> None:
@@ -644,13 +719,13 @@ def show_compare_controls(key: str, result: LineageResult, *, fleet: data.Fleet,
     """Compare this run (RESUMED) with a control run of the fleet, as ``klwatch compare`` does: the
     core's ``compare_runs`` from RESUMED's first resume (or a step given)."""
     runs = fleet.runs
-    labels = data.run_labels(fleet)
+    names = data.run_names_cached(fleet, secrets=_secrets)
     others = [k for k in runs if k != key]
     if st.session_state.get("control") not in others:
         st.session_state["control"] = None
     c1, c2 = st.columns([3, 1])
     c1.selectbox("Compare with a control run (a continuous run of the same config)", others, key="control", index=None,
-                 placeholder="no comparison", format_func=lambda k: safety.plain(scrub(labels.get(k, k), _secrets)))
+                 placeholder="no comparison", format_func=lambda k: names.get(k, k))
     control_key = st.session_state.get("control")
     if not control_key:
         return None, None
@@ -719,37 +794,40 @@ def main() -> None:
     init_state(launch)
     box = sidebar_sources(launch)
     specs = sources_in_view(launch)
-    config = sidebar_config(specs)
+    fps = data.fingerprints(specs)
+    config = sidebar_config(specs, fps)
     with st.spinner("Reading sources ..."):
-        fleet = data.load_fleet(specs, config=config)
+        fleet = data.load_fleet(specs, config=config, fps=fps)
     show_sources(box, fleet, launch)
     findings, pending = data.fleet_findings(fleet, config=config, wait=FINDINGS_WAIT_SECONDS)
 
     st.title("klwatch: resume boundaries")
     show_notices(launch)
     show_source_errors(fleet, launch)
-    show_fleet(fleet, config, findings, pending)
+    show_counts(data.fleet_table_cached(fleet, findings))
+    show_picture(fleet, config)
+    show_fleet_table(fleet, config, findings, pending, launch)
+    show_open_run(fleet, config, findings, launch)
 
+
+def show_run_picker(fleet: data.Fleet, findings: dict[str, list[Finding]]) -> str | None:
+    """The run to open: the one asked for (a link's, a click's) when it is in the fleet, else one the
+    page opens by itself (``data.auto_open``); None, said, when every run is past the point budget."""
     runs = fleet.runs
-    run_key: str | None = None
-    if runs:
-        wanted = st.session_state.get("run")
-        if wanted not in runs:
-            if wanted and st.session_state.get("_linked_run") == wanted:
-                st.warning(f"The run {safety.code(safety.shorten(scrub(wanted, _secrets)))} from the link is not in these sources.")
-            st.session_state["run"] = data.auto_open(fleet, findings=findings)
-        st.divider()
-        labels = data.run_labels(fleet)
-        run_key = st.selectbox("Run", list(runs), key="run", index=None, placeholder="pick a run to open",
-                               format_func=lambda k: safety.plain(scrub(f"{labels[k]} ({data.shown_status(runs[k], findings.get(k, []))})", _secrets)))
-        if run_key is None:
-            st.info(f"No run opened by itself: every run here holds more than {data.POINT_BUDGET:,} points. "
-                    "Click one in the table (its chart is thinned to a few thousand points per panel).",
-                    icon=":material/speed:")
-        else:
-            with st.container(key="run_view"):
-                show_run(run_key, data.judged_run(fleet, run_key, config=config), fleet=fleet, config=config)
-    sync_url(run=run_key, launch=launch)
+    wanted = st.session_state.get("run")
+    if wanted not in runs:
+        if wanted and st.session_state.get("_linked_run") == wanted:
+            st.warning(f"The run {safety.code(safety.shorten(scrub(wanted, _secrets)))} from the link is not in these sources.")
+        st.session_state["run"] = data.auto_open(fleet, findings=findings)
+    st.divider()
+    choices = data.run_choices_cached(fleet, findings, secrets=_secrets)
+    run_key = st.selectbox("Run", list(runs), key="run", index=None, placeholder="pick a run to open",
+                           format_func=choices.__getitem__)
+    if run_key is None:
+        st.info(f"No run opened by itself: every run here holds more than {data.POINT_BUDGET:,} points. "
+                "Click one in the table (its chart is thinned to a few thousand points per panel).",
+                icon=":material/speed:")
+    return run_key
 
 
 FINDINGS_WAIT_SECONDS = 0.3  # a page load waits at most this long for the fleet's findings, then draws and polls

@@ -2,9 +2,10 @@
 
 Full fidelity is the rule: a trace is never randomly sampled; past ``max_points`` points in one
 panel (every piece of the run together, raw and smoothed together) the panel is thinned with min/max
-buckets (``klwatch.downsample``) so a one-step drop to zero still shows, and long traces are drawn
-with WebGL; a run of dozens of pieces is drawn as one line per panel. The cost of a run view is
-therefore bounded by its panels, never by the run's length or its number of pieces. Colours carry
+buckets (``klwatch.downsample``) so a one-step drop to zero still shows; a run of dozens of pieces is
+drawn as one line per panel. The cost of a run view is therefore bounded by its panels, never by the
+run's length or its number of pieces, and the capped lines are drawn as SVG: a WebGL context costs a
+browser without a GPU more than drawing them (``WEBGL_ABOVE``). Colours carry
 the verdict everywhere: red reset, green ok, blue intentional, amber inconclusive, violet a finding.
 
 Every text from a run (its name, metric names, segment refs, the step axis, explanations) goes
@@ -63,8 +64,13 @@ def env_count(name: str, default: int, *, least: int) -> int:
 PANEL_POINTS = env_count("KLWATCH_DASHBOARD_PANEL_POINTS", 6_000, least=8)
 """Points drawn per panel (all pieces, raw and smoothed together) before min/max thinning starts."""
 MAX_POINTS = PANEL_POINTS
-WEBGL_ABOVE = 2_000
-"""Total points in a figure above which traces are drawn with WebGL (Scattergl)."""
+WEBGL_ABOVE = 40_000
+"""Total points in a figure above which traces are drawn with WebGL (Scattergl): more than six full
+panels hold at the default cap, so WebGL only comes in when ``KLWATCH_DASHBOARD_PANEL_POINTS`` is
+raised. Below it SVG lines are cheaper: a browser without a GPU (a VM, a remote desktop, headless
+Chromium) spent 1.5-2 s creating each chart's WebGL context on a busy 2-core machine, more than
+drawing the capped lines; opening a run of the 1,000-run fleet took 5-8 s with WebGL, about 4 s
+without, at a load average of 10 (``bench_dashboard.py --browser``)."""
 MAX_PIECE_TRACES = 24
 """Pieces drawn as their own trace (own colour, own legend entry); past this a panel is one line."""
 MIN_WINDOW_FRACTION = 0.01
@@ -230,12 +236,7 @@ def run_figure(result: LineageResult, *, linked: Sequence[str] = (), max_points:
     traces, thinned = _piece_traces(result, panels, xs=xs, max_points=max_points, webgl_above=webgl_above,
                                     smoothing=smoothing, raw_alpha=colors["raw_alpha"],
                                     control=control if metric else None, control_color=colors["control"])
-    titles = [plot_text(f"−{p} (logged negated)" if i == 0 and p == lin.kl_metric and lin.kl_negated else p)
-              for i, p in enumerate(panels)]
-    annotations: list[dict] = [
-        {"text": t, "x": 0.0, "xref": "paper", "xanchor": "left", "y": domains[r][1], "yref": "paper",
-         "yanchor": "bottom", "showarrow": False, "font": {"size": 12}}
-        for r, t in enumerate(titles)]
+    annotations = _panel_titles(result, panels, domains)
     span = _x_span(traces, x_range)
     shapes = _boundary_marks(result, annotations, xs=xs, on_panel=bool(panels), shade=metric is not None,
                              min_width=span * MIN_WINDOW_FRACTION, colors=colors)
@@ -249,6 +250,23 @@ def run_figure(result: LineageResult, *, linked: Sequence[str] = (), max_points:
         title += f"  (long series: min/max of each bucket drawn, ≤{max_points:,} points per panel)"
     if xs.kind != x_axis:
         title += "  (no wall clock in this run: x is the step)"
+    _frame(layout, title=title, rows=rows, x_range=x_range, uirevision=f"{lin.id}:{xs.kind}:{log_y}:{x_range}")
+    layout.update(shapes=shapes, annotations=annotations)
+    return go.Figure({"data": traces, "layout": layout})
+
+
+def _panel_titles(result: LineageResult, panels: Sequence[str], domains: Sequence[tuple[float, float]]) -> list[dict]:
+    """Each panel's series named above it (a KL logged negated says so: the panel draws it flipped)."""
+    lin = result.lineage
+    titles = [plot_text(f"−{p} (logged negated)" if i == 0 and p == lin.kl_metric and lin.kl_negated else p)
+              for i, p in enumerate(panels)]
+    return [{"text": t, "x": 0.0, "xref": "paper", "xanchor": "left", "y": domains[r][1], "yref": "paper",
+             "yanchor": "bottom", "showarrow": False, "font": {"size": 12}} for r, t in enumerate(titles)]
+
+
+def _frame(layout: dict, *, title: str, rows: int, x_range: tuple[float, float] | None, uirevision: str) -> None:
+    """The figure's title, height (the KL panel and 170 px per panel below), one hover across panels,
+    the legend under the chart, and the x range when zoomed to a resume."""
     if x_range is not None:
         layout["xaxis"]["range"] = list(x_range)
         layout["xaxis"]["autorange"] = False
@@ -257,9 +275,8 @@ def run_figure(result: LineageResult, *, linked: Sequence[str] = (), max_points:
         hovermode="x unified", hoversubplots="axis",
         margin={"l": 60, "r": 20, "t": 90, "b": 95},
         legend={"orientation": "h", "x": 0.0, "y": 0.0, "yanchor": "bottom", "yref": "container", "font": {"size": 11}},
-        uirevision=f"{lin.id}:{xs.kind}:{log_y}:{x_range}", shapes=shapes, annotations=annotations,
+        uirevision=uirevision,
     )
-    return go.Figure({"data": traces, "layout": layout})
 
 
 def _x_span(traces: list[dict], x_range: tuple[float, float] | None) -> float:
@@ -317,8 +334,7 @@ def _piece_traces(result: LineageResult, panels: Sequence[str], *, xs: XAxis, ma
     within ``max_points`` together. Whether any panel was thinned."""
     lin = result.lineage
     traces: list[dict] = []
-    total = sum(len(p[m]) for p in lin.pieces for m in panels if m in p) * (2 if smoothing > 0 else 1)
-    webgl = total > webgl_above
+    webgl = _drawn_points(result, panels, max_points=max_points, layers=2 if smoothing > 0 else 1) > webgl_above
     thinned = False
     many = len(lin.pieces) > MAX_PIECE_TRACES
     for row, m in enumerate(panels, start=1):
@@ -353,6 +369,13 @@ def _piece_traces(result: LineageResult, panels: Sequence[str], *, xs: XAxis, ma
                                  color=control_color, segment="control run", metric=m, webgl=webgl, showlegend=True,
                                  legendgroup="control", axis=1, dash="dash"))
     return traces, thinned
+
+
+def _drawn_points(result: LineageResult, panels: Sequence[str], *, max_points: int, layers: int) -> int:
+    """The points the figure draws, each panel's up to its cap: what a browser pays for (the run's
+    length is thinned away, so it does not decide WebGL)."""
+    pieces = result.lineage.pieces
+    return sum(min(max_points, layers * sum(len(p[m]) for p in pieces if m in p)) for m in panels)
 
 
 def _join(parts: Sequence[Series], xs: XAxis) -> tuple[Series, np.ndarray]:

@@ -17,7 +17,10 @@ it calls ``klwatch.pipeline`` (and ``klwatch.comparison`` for a control run).
 
 A page's cost is bounded whatever the fleet: a run is opened by itself only within ``POINT_BUDGET``
 points, figures are drawn within a point cap per panel (``charts.PANEL_POINTS``) and cached
-(``figure_cached``).
+(``figure_cached``). What the page derives from the whole fleet (the table, the runs' names in the
+pickers, the fleet picture) is cached too, per fleet (``Fleet.identity``: its sources' fingerprints
+and the configuration) and findings in: every click reruns the page, and at 1,000 runs deriving them
+again would cost more than the click.
 
 What leaves this module for the page is safe to show: a source is named redacted (``redact_spec``) in
 run keys and the fleet table, errors are scrubbed, and the JSON export is the report with every spec
@@ -44,9 +47,11 @@ import streamlit as st
 
 from klwatch.comparison import Comparison, compare_runs
 from klwatch.dashboard.charts import env_count
+from klwatch.dashboard.safety import plain
 from klwatch.model import Finding, Lineage, LineageResult, ScanResult, SourceRead
 from klwatch.pipeline import ScanConfig, judge_lineage, judge_reads, read_sources
 from klwatch.redact import redact_spec, scrub
+from klwatch.reference_reset import ReferenceResetConfig
 from klwatch.report import to_json
 from klwatch.sources import split_pattern
 from klwatch.sources.local import SKIP_DIRS
@@ -197,6 +202,14 @@ class Fleet:
     """The fingerprint each source was read at (so a run view asks the cache for the same read)."""
     reads: dict[str, SourceRead] = dataclasses.field(default_factory=dict)
     """Each SOURCE spec as given (in order) and what reading it gave."""
+    judge_key: str = ""
+    """The configuration the runs were stitched and judged with (``config_key``)."""
+
+    @property
+    def identity(self) -> str:
+        """What this fleet was made from (its SOURCEs, their fingerprints, the configuration): the cache
+        key of what the page derives from it, so a rerun on an unchanged fleet derives nothing again."""
+        return repr((list(self.fingerprints.items()), self.judge_key))
 
     @property
     def specs(self) -> list[str]:
@@ -210,43 +223,51 @@ class Fleet:
         return dict(Counter(r.status for r in self.scan.results).most_common())
 
 
-def load_fleet(specs: Sequence[str], *, config: ScanConfig, findings: bool = False, now: float | None = None) -> Fleet:
+def fingerprints(specs: Sequence[str], *, now: float | None = None) -> dict[str, str]:
+    """Each SOURCE's fingerprint, taken once for a whole page (a walk of a 1,000-run tree costs tens of
+    milliseconds: the metric picker and the fleet share one)."""
+    return {spec: fingerprint(spec, now=now) for spec in dict.fromkeys(specs)}
+
+
+def load_fleet(specs: Sequence[str], *, config: ScanConfig, findings: bool = False, now: float | None = None,
+               fps: dict[str, str] | None = None) -> Fleet:
     """Read (cached), then stitch and judge (cached) every source; unreadable ones keep their error.
 
     Without ``findings`` only the KL verdicts are computed (the fleet view); with it, everything the
     CLI's report holds (the JSON export): each run of the fleet judged again with its findings.
+    ``fps`` are the SOURCEs' fingerprints when the page took them already (``fingerprints``).
     """
     fleet_config = dataclasses.replace(config, findings=False)
     key = config_key(fleet_config)
-    fps: dict[str, str] = {}
+    fps = {spec: (fps or {}).get(spec) or fingerprint(spec, now=now) for spec in dict.fromkeys(specs)}
     parts: list[ScanResult] = []
     source_of: list[str] = []
     reads: dict[str, SourceRead] = {}
-    for spec in dict.fromkeys(specs):
-        fp = fps[spec] = fingerprint(spec, now=now)
+    for spec, fp in fps.items():
         parts.append(scan_cached(spec, fp, key, fleet_config))
         source_of.extend([spec] * len(parts[-1].results))
         if parts[-1].sources:
             reads[spec] = parts[-1].sources[0]
     scan = ScanResult(sources=[s for p in parts for s in p.sources], results=[r for p in parts for r in p.results])
     fleet = Fleet(scan=scan, keys=_unique_keys(scan.results, source_of), source_of=source_of, fingerprints=fps,
-                  reads=reads)
+                  reads=reads, judge_key=key)
     if findings and config.findings:
         fleet.scan = ScanResult(sources=scan.sources, results=[judged_run(fleet, k, config=config) for k in fleet.keys])
+        fleet.judge_key = config_key(config)  # another fleet than the KL-only one: derived views must not mix
     return fleet
 
 
 def _unique_keys(results: Sequence[LineageResult], source_of: Sequence[str]) -> list[str]:
     """The lineage id of each run, made unique across sources (``id@SOURCE``, the SOURCE redacted: a key
     goes in the URL; then primes)."""
-    keys: list[str] = []
+    keys: dict[str, None] = {}  # ordered, and a set to look in (a list made every page of 1,000 runs quadratic)
     seen: Counter[str] = Counter(r.lineage.id for r in results)
     for r, spec in zip(results, source_of):
         key = r.lineage.id if seen[r.lineage.id] == 1 else f"{r.lineage.id}@{redact_spec(spec)}"
         while key in keys:
             key += "'"
-        keys.append(key)
-    return keys
+        keys[key] = None
+    return list(keys)
 
 
 def judged_run(fleet: Fleet, key: str, *, config: ScanConfig) -> LineageResult:
@@ -366,7 +387,8 @@ def auto_open(fleet: Fleet, *, findings: dict[str, list[Finding]], budget: int =
 
 def clear_caches() -> None:
     """Forget every read (the Reload button): the next run reads every source again."""
-    for fn in (read_cached, scan_cached, run_cached, metric_names_cached, findings_job, figure_cached):
+    for fn in (read_cached, scan_cached, run_cached, metric_names_cached, findings_job, figure_cached, _table_cached,
+               _labels_cached, _names_cached, _choices_cached, _picture_cached):
         fn.clear()
     _jobs_started.clear()
 
@@ -401,7 +423,7 @@ def fleet_table(fleet: Fleet, findings: dict[str, list[Finding]] | None = None) 
     run key, as far as they are computed) give the shown status and the finding badges; a run whose
     findings are not in yet shows its own status and ``None`` badges."""
     findings = findings or {}
-    labels = run_labels(fleet)
+    labels = run_labels_cached(fleet)
     rows = []
     for key, spec, r in zip(fleet.keys, fleet.source_of, fleet.scan.results):
         lin = r.lineage
@@ -434,6 +456,73 @@ def fleet_table(fleet: Fleet, findings: dict[str, list[Finding]] | None = None) 
     for col in ("at step", "last step"):
         df[col] = df[col].astype("Int64")
     return df
+
+
+def _findings_key(findings: dict[str, list[Finding]]) -> str:
+    """Which runs' findings are in: a source's job gives all its runs' at once and never changes them
+    for one fleet, so this names the findings' content for that fleet."""
+    return hashlib.blake2b("\n".join(sorted(findings)).encode(), digest_size=16).hexdigest()
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _table_cached(fleet_id: str, findings_id: str, *, _fleet: Fleet, _findings: dict[str, list[Finding]]) -> pd.DataFrame:
+    return fleet_table(_fleet, _findings)
+
+
+def fleet_table_cached(fleet: Fleet, findings: dict[str, list[Finding]]) -> pd.DataFrame:
+    """``fleet_table`` once per fleet and per findings in (every click reruns the page: a 1,000-run
+    table costs a fifth of a second to build). Shared between sessions: never modify it in place."""
+    return _table_cached(fleet.identity, _findings_key(findings), _fleet=fleet, _findings=findings)
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _labels_cached(fleet_id: str, *, _fleet: Fleet) -> dict[str, str]:
+    return run_labels(_fleet)
+
+
+def run_labels_cached(fleet: Fleet) -> dict[str, str]:
+    """``run_labels`` once per fleet (the table, the run picker and the control picker each name every run)."""
+    return _labels_cached(fleet.identity, _fleet=fleet)
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _names_cached(fleet_id: str, secrets: tuple[str, ...], *, _fleet: Fleet) -> dict[str, str]:
+    return {k: plain(scrub(name, list(secrets))) for k, name in run_labels_cached(_fleet).items()}
+
+
+def run_names_cached(fleet: Fleet, *, secrets: Sequence[str]) -> dict[str, str]:
+    """Each run as the control picker lists it: its label on one line, every credential masked; once
+    per fleet, not once per option on every click (a 1,000-run picker)."""
+    return _names_cached(fleet.identity, tuple(secrets), _fleet=fleet)
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _choices_cached(fleet_id: str, findings_id: str, secrets: tuple[str, ...], *, _fleet: Fleet,
+                    _findings: dict[str, list[Finding]]) -> dict[str, str]:
+    labels = run_labels_cached(_fleet)
+    return {k: plain(scrub(f"{labels[k]} ({shown_status(r, _findings.get(k, []))})", list(secrets)))
+            for k, r in zip(_fleet.keys, _fleet.scan.results)}
+
+
+def run_choices_cached(fleet: Fleet, findings: dict[str, list[Finding]], *, secrets: Sequence[str]) -> dict[str, str]:
+    """Each run as the run picker lists it: its label and shown status on one line, every credential
+    masked; once per fleet and findings in."""
+    return _choices_cached(fleet.identity, _findings_key(findings), tuple(secrets), _fleet=fleet, _findings=findings)
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _picture_cached(fleet_id: str, *, _fleet: Fleet, _thresholds: ReferenceResetConfig) -> go.Figure | None:
+    from klwatch.dashboard import charts
+
+    points = boundary_points(_fleet)
+    return None if points.empty else charts.fleet_figure(points, thresholds=_thresholds)
+
+
+def fleet_picture_cached(fleet: Fleet, *, thresholds: ReferenceResetConfig) -> go.Figure | None:
+    """The fleet picture (``charts.fleet_figure`` of ``boundary_points``) once per fleet, None when no
+    run has a judged boundary. The thresholds it draws are the ones the fleet was judged with, so the
+    fleet's identity names them."""
+    return _picture_cached(fleet.identity, _fleet=fleet, _thresholds=thresholds)
 
 
 def run_labels(fleet: Fleet) -> dict[str, str]:

@@ -91,13 +91,23 @@ def test_a_kl_logged_negated_is_drawn_as_the_distance_it_is() -> None:
 
 def test_a_long_series_is_thinned_with_min_max_and_drawn_with_webgl_keeping_the_drop() -> None:
     n, drop = 200_000, 123_457
-    fig = charts.run_figure(_one_long_piece(n, drop), max_points=2_000)
+    fig = charts.run_figure(_one_long_piece(n, drop), max_points=2_000, webgl_above=1_000)
     (trace,) = fig.data
     assert trace.type == "scattergl"
     assert len(trace.x) <= 2_000
     x, y = np.asarray(trace.x), np.asarray(trace.y)
     assert list(x[np.abs(y) < 1e-12]) == [drop + 1]  # the one-step drop to 0 survives the thinning
     assert "min/max" in fig.layout.title.text
+
+
+def test_a_long_run_thinned_to_the_panel_cap_is_drawn_as_svg() -> None:
+    """WebGL is chosen by the points drawn, not the points logged: a 200,000-step run thinned to the
+    default cap draws SVG lines (a WebGL context costs a browser without a GPU seconds)."""
+    fig = charts.run_figure(_one_long_piece(200_000, 123_457))
+    (trace,) = fig.data
+    assert trace.type == "scatter"
+    assert len(trace.x) <= charts.PANEL_POINTS
+    assert 123_458 in set(np.asarray(trace.x).tolist())  # the one-step drop still drawn
 
 
 def test_a_short_series_is_drawn_whole_as_svg(fleet: data.Fleet) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from klwatch.dashboard import data
+from klwatch.model import Finding
 from klwatch.pipeline import ScanConfig, scan
 from klwatch.reference_reset import ReferenceResetConfig
 from klwatch.report import to_dict
@@ -59,6 +60,34 @@ def test_fleet_table_has_one_row_per_run_with_the_worst_boundary(fleet_dir: Path
     cont = table.loc["grpo-continuous"]
     assert cont["resumes"] == 0 and cont["status"] == "ok"
     assert table.loc["grpo-resume-fixed", "KL after"] > 0.5 * table.loc["grpo-resume-fixed", "KL before"]
+
+
+def test_what_the_page_derives_from_the_fleet_is_kept_per_fleet_and_findings_and_follows_a_change(tmp_path: Path) -> None:
+    """A rerun on an unchanged fleet derives nothing again (the 1,000-run page's clicks), yet the table,
+    the pickers' names and the picture follow what changes them: findings coming in, thresholds moved,
+    a source's files, the Reload button."""
+    root = write_fleet(tmp_path / "runs")
+    config = ScanConfig()
+    fleet = data.load_fleet([str(root)], config=config)
+    table, picture = data.fleet_table_cached(fleet, {}), data.fleet_picture_cached(fleet, thresholds=config.reference_reset)
+    again = data.load_fleet([str(root)], config=config)
+    assert data.fleet_table_cached(again, {}) is table
+    assert data.fleet_picture_cached(again, thresholds=config.reference_reset) is picture
+    assert data.run_choices_cached(again, {}, secrets=[]) is data.run_choices_cached(fleet, {}, secrets=[])
+
+    fixed = next(k for k, r in fleet.runs.items() if r.lineage.name == "grpo-resume-fixed")
+    found = {k: [] for k in fleet.keys} | {fixed: [Finding("lr_schedule_restart", 41, "warning", "the LR schedule restarted")]}
+    with_findings = data.fleet_table_cached(fleet, found).set_index("run")
+    assert with_findings.loc["grpo-resume-fixed", "status"] == data.OK_WITH_FINDINGS
+    assert data.run_choices_cached(fleet, found, secrets=[])[fixed].endswith(f"({data.OK_WITH_FINDINGS})")
+
+    strict = dataclasses.replace(config, reference_reset=ReferenceResetConfig(reset_score=0.999, ok_score=0.49))
+    assert data.fleet_table_cached(data.load_fleet([str(root)], config=strict), {}) is not table
+
+    write_run(root, name="grpo-late", resumes=[], buggy=False, seed=9)
+    assert "grpo-late" in set(data.fleet_table_cached(data.load_fleet([str(root)], config=config), {})["run"])
+    data.clear_caches()
+    assert data.fleet_table_cached(data.load_fleet([str(root)], config=config), {}) is not table
 
 
 def test_boundary_points_give_the_kl_ratio_at_every_resume(fleet_dir: Path) -> None:
