@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import incremental
 from .launch_config import model_move
 from .model import Boundary, Evidence, Lineage, Segment, Series, logging_interval
 
@@ -62,11 +63,29 @@ def _spine(series: dict[str, Series], prefer: str | None) -> Series | None:
     candidates = [s for n, s in series.items() if not n.startswith("_") and len(s) > 1]
     if not candidates:
         return None
-    monotone = [s for s in candidates if np.all(np.diff(s.steps) != 0)]
+    monotone = [s for s in candidates if not _repeats(s.steps)]
     return max(monotone or candidates, key=len)
 
 
+def _repeats(steps: np.ndarray) -> bool:
+    """Whether a step is logged twice in a row."""
+    facts = incremental.step_facts(steps)
+    return bool(facts.same) if facts is not None else bool(np.any(np.diff(steps) == 0))
+
+
+def _only_rises(steps: np.ndarray) -> bool:
+    """Whether every step is above the one before."""
+    facts = incremental.step_facts(steps)
+    if facts is not None:
+        return not facts.back and not facts.same
+    return bool(np.all(steps[1:] > steps[:-1]))
+
+
 def _median_interval(wall: np.ndarray) -> float:
+    """The median clock step (of those above 0): the run's step time."""
+    facts = incremental.clock_facts(wall)
+    if facts is not None:
+        return facts.median_positive()
     d = np.diff(wall)
     d = d[d > 0]
     return float(np.median(d)) if len(d) else 0.0
@@ -78,7 +97,7 @@ def relogged_steps(series: dict[str, Series]) -> set[int]:
     keyed = [s for n, s in series.items() if not n.startswith("_") and len(s) > 1]
     counts: dict[int, int] = {}
     for s in keyed:
-        if np.all(s.steps[1:] > s.steps[:-1]):  # steps that only go up repeat none
+        if _only_rises(s.steps):  # steps that only go up repeat none
             continue
         u, c = np.unique(s.steps, return_counts=True)
         for step in u[c > 1]:
@@ -100,8 +119,7 @@ def find_cuts(spine: Series, runtime: Series | None, *, config: BoundaryConfig,
     steps = spine.steps
     if len(steps) < 2:
         return []
-    back = np.nonzero(steps[1:] < steps[:-1])[0] + 1
-    same = np.nonzero(steps[1:] == steps[:-1])[0] + 1
+    back, same = _rewinds_and_repeats(steps)
     for i in back:
         cuts.setdefault(int(i), []).append("step_rewind")
     for i in same:
@@ -114,13 +132,12 @@ def find_cuts(spine: Series, runtime: Series | None, *, config: BoundaryConfig,
         wall = spine.wall_times
         step_time = _median_interval(wall)
         threshold = max(config.min_gap_seconds, config.gap_factor * step_time)
-        d = np.diff(wall)
-        gaps = np.nonzero(d > threshold)[0] + 1
+        gaps, notable = _clock_gaps(wall, threshold), _clock_gaps(wall, threshold / config.pause_family_ratio)
         for i in gaps:
             cuts.setdefault(int(i), []).append("time_gap")
         # a gap's like may sit just under the threshold: compare with every pause of that size
-        notable = np.nonzero(d > threshold / config.pause_family_ratio)[0] + 1
-        pauses = _pause_family(gaps, d[gaps - 1], among=d[notable - 1], ratio=config.pause_family_ratio)
+        pauses = _pause_family(gaps, wall[gaps] - wall[gaps - 1], among=wall[notable] - wall[notable - 1],
+                               ratio=config.pause_family_ratio)
     if runtime is not None and len(runtime) > 1 and spine.wall_times is not None and runtime.wall_times is not None:
         drops = np.nonzero(np.diff(runtime.values) < -RUNTIME_DROP_SECONDS)[0] + 1
         for j in drops:
@@ -137,6 +154,22 @@ def find_cuts(spine: Series, runtime: Series | None, *, config: BoundaryConfig,
             tentative.append(i)
             kept.append((i, ev))
     return kept
+
+
+def _rewinds_and_repeats(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The indices where the steps go back, and where they repeat the one before."""
+    facts = incremental.step_facts(steps)
+    if facts is not None:
+        return np.array(facts.back, np.int64), np.array(facts.same, np.int64)
+    return np.nonzero(steps[1:] < steps[:-1])[0] + 1, np.nonzero(steps[1:] == steps[:-1])[0] + 1
+
+
+def _clock_gaps(wall: np.ndarray, threshold: float) -> np.ndarray:
+    """The indices whose clock is more than ``threshold`` past the point before, in order."""
+    facts = incremental.clock_facts(wall)
+    if facts is not None:
+        return facts.above(threshold)
+    return np.nonzero(np.diff(wall) > threshold)[0] + 1
 
 
 def _strong_enough(evidence: list[Evidence], *, routine_pause: bool, relogged: bool) -> bool:

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from . import incremental
+
 SegmentKind = Literal["wandb-offline", "wandb-api", "mlflow", "tensorboard", "table", "checkpoints"]
 Evidence = Literal[
     "new_tracker_run",
@@ -92,6 +94,9 @@ class Series:
             cap = max(2 * (n + k), 1024)
             g = _Growth(np.empty(cap, np.int64), np.empty(cap, np.float64),
                         None if self.wall_times is None else np.empty(cap, np.float64), n)
+            for buffer in (g.steps, g.values, g.walls):  # their filled parts never change: facts of them last
+                if buffer is not None:
+                    incremental.track(buffer)
             g.steps[:n], g.values[:n] = self.steps, self.values
             if g.walls is not None:
                 g.walls[:n] = self.wall_times
@@ -167,7 +172,8 @@ class Segment:
             if self.checkpoint_steps:
                 return min(self.checkpoint_steps), max(self.checkpoint_steps)
             return None, None
-        return int(min(x.min() for x in steps)), int(max(x.max() for x in steps))
+        bounds = [step_bounds(x) for x in steps]
+        return min(lo for lo, _ in bounds), max(hi for _, hi in bounds)
 
     def extent(self, prefer: tuple[str, ...] = ()) -> tuple[int | None, int | None]:
         """Where this process's training starts and ends on the step axis (``extent_of``)."""
@@ -205,18 +211,32 @@ def extent_of(series: dict[str, Series], *, prefer: tuple[str, ...] = ()) -> tup
     for name in prefer:
         s = series.get(name)
         if s is not None and len(s) >= 2:
-            return int(s.steps.min()), int(s.steps.max())
+            return step_bounds(s.steps)
     bulk = _bulk(series)
     if not bulk:
         return None, None
-    return int(np.median([s.steps.min() for s in bulk])), int(np.median([s.steps.max() for s in bulk]))
+    bounds = [step_bounds(s.steps) for s in bulk]
+    return int(np.median([lo for lo, _ in bounds])), int(np.median([hi for _, hi in bounds]))
+
+
+def step_bounds(steps: np.ndarray) -> tuple[int, int]:
+    """The lowest and highest of a non-empty step array (kept as a watched run grows: ``klwatch.incremental``)."""
+    facts = incremental.step_facts(steps)
+    if facts is not None and facts.lo is not None and facts.hi is not None:
+        return facts.lo, facts.hi
+    return int(steps.min()), int(steps.max())
 
 
 def logging_interval(series: Iterable[Series | None]) -> int:
     """Steps between two logged points (trainers log every ``logging_steps``, 1 for every step): the
     median step difference within each series, pooled over them (never differencing across two series,
     e.g. across a restart); 1 when no series has two steps. The one definition of a run's cadence."""
-    diffs = [_distinct_step_gaps(s.steps) for s in series if s is not None and len(s) >= 2]
+    kept = [s for s in series if s is not None and len(s) >= 2]
+    facts = incremental.all_facts([s.steps for s in kept], incremental.step_facts)
+    if facts is not None and all(f.gaps is not None for f in facts):  # a watched run: its gaps kept as it grew
+        median = incremental.median_of_counts([f.gaps for f in facts])  # type: ignore[misc]
+        return max(1, int(round(median))) if median is not None else 1
+    diffs = [_distinct_step_gaps(s.steps) for s in kept]
     d = np.concatenate(diffs) if diffs else np.empty(0, np.int64)
     return max(1, int(round(float(np.median(d))))) if len(d) else 1
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from . import incremental
 from .boundaries import named_reset_step
 from .declarations import ReferenceSchedule, explain_boundary, reference_schedules, schedule_note
 from .detector import Detector
@@ -636,11 +637,30 @@ def _nearest_before(kl_pieces: Sequence[Series | None], k: int) -> Series | None
     return next((kl_pieces[j] for j in range(k - 1, -1, -1) if kl_pieces[j] is not None), None)
 
 
-def _finite_kl(kl_pieces: Sequence[Series | None]) -> np.ndarray:
-    """Every finite KL point of the run, pieces in order."""
+@dataclass(frozen=True)
+class _KlSummary:
+    """What the whole run's KL says before any boundary is judged."""
+
+    finite: int
+    """How many finite points it has."""
+    max_abs: float
+    """The largest of them in size (0.0 with none)."""
+    scale: float
+    """``typical_kl`` of them."""
+
+
+def _kl_summary(kl_pieces: Sequence[Series | None]) -> _KlSummary:
+    """The run's finite KL points counted and summed up, from the facts a watched run keeps as it grows
+    (``klwatch.incremental``: exact, in time proportional to what is new) or from the points themselves."""
     parts = [k.values for k in kl_pieces if k is not None]
+    facts = incremental.all_facts(parts, incremental.value_facts)
+    if facts is not None and parts:
+        positive = [f.positive for f in facts if len(f.positive)]
+        scale = incremental.percentile_of_sorted(positive, 90) if positive else 0.0
+        return _KlSummary(sum(f.finite for f in facts), max(f.max_abs for f in facts), scale)
     allkl = np.concatenate(parts) if parts else np.empty(0)
-    return allkl[np.isfinite(allkl)]
+    finite = allkl[np.isfinite(allkl)]
+    return _KlSummary(len(finite), float(np.max(np.abs(finite))) if len(finite) else 0.0, typical_kl(finite))
 
 
 class ReferenceResetDetector(Detector[ReferenceResetConfig]):
@@ -683,18 +703,18 @@ class ReferenceResetDetector(Detector[ReferenceResetConfig]):
         if metric is None:
             return self._no_kl_metric(lineage)
         kl_pieces = lineage.kl_pieces()
-        finite = _finite_kl(kl_pieces)
+        summary = _kl_summary(kl_pieces)
         result = LineageResult(lineage, metric, "ok")
-        if len(finite) and np.all(np.abs(finite) < self.config.kl_off_tolerance):
+        if summary.finite and summary.max_abs < self.config.kl_off_tolerance:
             result.status = "kl_disabled"
             _unjudged(result, lineage.boundaries,
                       f"{metric} is 0 for the whole run: the KL penalty is off, so there is no reference to reset.")
             return result
-        if len(finite) < self.config.min_points_before + 1:
+        if summary.finite < self.config.min_points_before + 1:
             result.status = "insufficient_data"
-            _unjudged(result, lineage.boundaries, f"Only {len(finite)} finite {metric} point(s) in the whole run: too few to judge.")
+            _unjudged(result, lineage.boundaries, f"Only {summary.finite} finite {metric} point(s) in the whole run: too few to judge.")
             return result
-        scale = typical_kl(finite)
+        scale = summary.scale
         start = self.opening(kl_pieces, scale=scale)
         schedules = reference_schedules(lineage.config, cli_steps=self.intentional_resets)
         lr = run_lr(lineage) if lineage.boundaries else None
@@ -790,10 +810,10 @@ class ReferenceResetDetector(Detector[ReferenceResetConfig]):
         if lineage.kl_metric is None:
             return False
         kl_pieces = lineage.kl_pieces()
-        finite = _finite_kl(kl_pieces)
-        if not len(finite) or not np.any(np.abs(finite) >= self.config.kl_off_tolerance):
+        summary = _kl_summary(kl_pieces)
+        if not summary.finite or not summary.max_abs >= self.config.kl_off_tolerance:
             return False
-        scale = typical_kl(finite)
+        scale = summary.scale
         v = self._verdict_at(kl_pieces, boundary, scale=scale, start=self.opening(kl_pieces, scale=scale),
                              named=named_reset_step(lineage, boundary), lr=run_lr(lineage))
         return v is not None and v.verdict == "reference_reset"

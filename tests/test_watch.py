@@ -4,6 +4,8 @@ killed with SIGKILL and restarted, and still alerting every reset exactly once."
 
 from __future__ import annotations
 
+import gc
+import io
 import json
 import os
 import shutil
@@ -497,3 +499,73 @@ def test_an_undecided_resume_is_said_once_as_a_warning_and_alerts_nothing(tmp_pa
     assert "undecided" in out.stderr and not receiver.requests
     again = klwatch("watch", runs, "--once", "--state", tmp_path / "s.db", "--webhook", receiver.url)
     assert again.stderr.count("undecided") == 1 and not receiver.requests
+
+
+# ------------------------------------------------------- incremental judging equals a whole-run scan
+
+
+WANDB_RECORD_COUNT = pytest.mark.xfail(strict=True, reason=(
+    "sources/wandb_log.py: a .wandb log read on from the last poll's end and cut short inside a record says "
+    "'read the N whole records before it' with a smaller N than a whole read of the same bytes (the count of "
+    "records before the poll's start is lost); only that warning's number differs"))
+GROWN_SAMPLES = [(f"tensorboard/{p.name}", True) for p in sorted((REPO / "sample_runs" / "tensorboard").iterdir())] + \
+    [pytest.param("wandb/resume", True, marks=WANDB_RECORD_COUNT),
+     pytest.param("wandb/new-run", True, marks=WANDB_RECORD_COUNT)] + \
+    [(f"verl_file/{p.name}", False) for p in sorted((REPO / "sample_runs" / "verl_file").iterdir()) if p.is_dir()]
+"""The real sample runs a watcher reads on as their logs grow (event files, ``.wandb`` logs: True), and
+verl's JSONL logs (re-read whole when they change: False)."""
+
+
+def _growing_copy(src: Path, dst: Path, *, seed: int, polls: int):
+    """Copy ``src`` to ``dst`` as its runs would have written it: every other file first, then the bytes of
+    its event files and ``.wandb`` logs, in launch order, appended up to ``polls`` seeded random cut points
+    (inside records too). Yields after each cut, with the files as they stand."""
+    files = sorted(p for p in src.rglob("*") if p.is_file())
+    logs = [p for p in files if ".tfevents." in p.name or p.suffix in (".wandb", ".jsonl")]
+    for p in files:
+        if p not in logs:
+            (dst / p.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(p, dst / p.relative_to(src))
+    data = [p.read_bytes() for p in logs]
+    ends = np.cumsum([len(d) for d in data])
+    rng = np.random.default_rng(seed)
+    cuts = sorted(set(rng.integers(1, int(ends[-1]), size=polls - 1).tolist())) + [int(ends[-1])]
+    written = [0] * len(logs)
+    for cut in cuts:
+        for i, (p, d) in enumerate(zip(logs, data)):
+            upto = int(min(len(d), max(0, cut - (ends[i] - len(d)))))
+            if upto > written[i]:
+                out = dst / p.relative_to(src)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                with open(out, "ab") as f:
+                    f.write(d[written[i]:upto])
+                written[i] = upto
+        yield cut
+
+
+@pytest.mark.parametrize(("sample", "read_on"), GROWN_SAMPLES)
+def test_every_poll_of_a_growing_real_run_reports_what_a_whole_run_scan_of_its_files_reports(tmp_path, sample,
+                                                                                          read_on):
+    """The watcher keeps each run's statistics between polls (``klwatch.incremental``) and judges only
+    what is new; at every poll its report is a fresh scan's of the same bytes, byte for byte."""
+    from klwatch import incremental
+    from klwatch.pipeline import scan
+    from klwatch.report import to_json
+
+    config, copy = ScanConfig(findings=False), tmp_path / "run"
+    copy.mkdir()
+    state, cache, sinks = AlertState(tmp_path / "s.db"), LocalReadCache(), [Sink.stdout()]
+    seed = sum(sample.encode())
+    gc.collect()  # facts of buffers other tests left behind are dropped: what is kept below is this run's
+    before = incremental.kept()
+    try:
+        for cut in _growing_copy(REPO / "sample_runs" / sample, copy, seed=seed, polls=14):
+            watched = watch_pass([str(copy)], config=config, cache=cache, state=state, sinks=sinks,
+                                 dashboard_url=None, out=io.StringIO()).result
+            whole = scan([str(copy)], config=config)
+            watched.generated_at = whole.generated_at
+            assert to_json(watched) == to_json(whole), f"{sample}, seed {seed}: the poll after {cut} bytes differs"
+    finally:
+        state.close()
+    if read_on:
+        assert incremental.kept() > before, "no statistic was kept between polls: nothing was judged incrementally"

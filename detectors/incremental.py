@@ -1,0 +1,235 @@
+"""Whole-run statistics kept up to date as a run's series grow, so a watcher's poll costs what is new.
+
+A run read on poll after poll grows its series by appending (``model.Series.extended``): each array is
+a view of a growth buffer whose filled part never changes (only the spare room past it is written).
+That makes the facts of a prefix of a buffer permanent: the facts of ``buffer[start:stop]`` are those
+of ``buffer[start:old_stop]`` updated with the new tail. This module keeps such facts per (buffer,
+start), beside the buffer and for as long as it lives: the watcher's read cache holds the buffers of
+every training run it watches, so every training run keeps its statistics between polls, and a poll
+updates them with the points logged since the last one.
+
+Each fact is exact, never an approximation: the functions that use them (``model.logging_interval``,
+``boundaries.find_cuts``, ``reference_reset`` on the run's KL) give byte for byte what they give
+from the whole arrays, which is what they still compute for any array not in a growth buffer (a
+plain scan's).
+
+- ``StepFacts``: a step array's rewinds and repeats (where consecutive steps go back or stay), its
+  lowest and highest step, and while it only goes up the histogram of its step gaps (gaps are
+  integers, so the histogram gives the exact median: the logging interval).
+- ``ClockFacts``: a clock's consecutive differences, sorted with where each is (the median positive
+  one is the step time; those over a threshold are the clock gaps).
+- ``ValueFacts``: a series' finite values: how many, the largest in size, and the positive ones
+  sorted (their exact order statistics: the run's typical KL).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+_FACTS: dict[int, dict[tuple[str, int], Any]] = {}
+"""Per tracked buffer (by id), its facts by (kind, start of the view)."""
+
+F = TypeVar("F", "StepFacts", "ClockFacts", "ValueFacts")
+
+
+def track(buffer: np.ndarray) -> None:
+    """Keep facts for views of ``buffer`` (a growth buffer whose filled part never changes), until it is freed."""
+    key = id(buffer)
+    _FACTS[key] = {}
+    weakref.finalize(buffer, _FACTS.pop, key, None)
+
+
+def kept() -> int:
+    """How many facts are kept now, over every tracked buffer (what a poll can build on)."""
+    return sum(len(facts) for facts in _FACTS.values())
+
+
+def _facts_of(a: np.ndarray, kind: type[F]) -> F | None:
+    """The facts of ``a``, a view of a tracked buffer, updated with what it holds past them; None for any
+    other array (or a view that ends before facts already kept: an older, shorter series)."""
+    base = a.base
+    if base is None or a.ndim != 1 or not isinstance(base, np.ndarray) or (len(a) > 1 and a.strides[0] != a.itemsize):
+        return None
+    kept = _FACTS.get(id(base))
+    if kept is None or base.dtype != a.dtype:
+        return None
+    start, extra = divmod(a.__array_interface__["data"][0] - base.__array_interface__["data"][0], a.itemsize)
+    if extra or start < 0:
+        return None
+    facts = kept.get((kind.__name__, start))
+    if facts is None:
+        facts = kept[(kind.__name__, start)] = kind()
+    if facts.stop > len(a):
+        return None
+    if facts.stop < len(a):
+        facts.extend(a[facts.stop:], a[facts.stop - 1] if facts.stop else None)
+    return facts
+
+
+def _neighbour_diffs(tail: np.ndarray, last: Any, stop: int) -> tuple[np.ndarray, int]:
+    """The differences of each new point from the one before it, and the view index of the first of them."""
+    if last is None:
+        return np.diff(tail), 1
+    return np.diff(np.concatenate(([last], tail))), stop
+
+
+class StepFacts:
+    """A step array's rewinds, repeats, extent and (while it only goes up) gap histogram."""
+
+    def __init__(self) -> None:
+        self.stop = 0
+        self.back: list[int] = []
+        """View indices where the step goes back (below the one before)."""
+        self.same: list[int] = []
+        """View indices where the step equals the one before."""
+        self.lo: int | None = None
+        self.hi: int | None = None
+        self.gaps: dict[int, int] | None = {}
+        """Gap -> how many times, of the distinct steps in order; None once the steps went back."""
+
+    def extend(self, tail: np.ndarray, last: Any) -> None:
+        d, first = _neighbour_diffs(tail, last, self.stop)
+        self.back.extend((np.nonzero(d < 0)[0] + first).tolist())
+        self.same.extend((np.nonzero(d == 0)[0] + first).tolist())
+        lo, hi = int(tail.min()), int(tail.max())
+        self.lo = lo if self.lo is None else min(self.lo, lo)
+        self.hi = hi if self.hi is None else max(self.hi, hi)
+        if self.back:
+            self.gaps = None
+        elif self.gaps is not None:
+            values, counts = np.unique(d[d != 0], return_counts=True)
+            for g, c in zip(values.tolist(), counts.tolist()):
+                self.gaps[g] = self.gaps.get(g, 0) + c
+        self.stop += len(tail)
+
+
+def step_facts(steps: np.ndarray) -> StepFacts | None:
+    """The kept facts of a step array (None when it is not a view of a growth buffer)."""
+    return _facts_of(steps, StepFacts)
+
+
+def median_of_counts(counts: Sequence[dict[int, int]]) -> float | None:
+    """``np.median`` of the integers these histograms count together (None when they count none)."""
+    pooled: dict[int, int] = {}
+    for c in counts:
+        for g, k in c.items():
+            pooled[g] = pooled.get(g, 0) + k
+    n = sum(pooled.values())
+    if not n:
+        return None
+    keys = sorted(pooled)
+    cum = np.cumsum([pooled[k] for k in keys])
+    lo = keys[int(np.searchsorted(cum, (n - 1) // 2, side="right"))]
+    hi = keys[int(np.searchsorted(cum, n // 2, side="right"))]
+    return (float(lo) + float(hi)) / 2 if n % 2 == 0 else float(lo)
+
+
+class ClockFacts:
+    """A clock's consecutive differences, sorted, with the view index each ends at."""
+
+    def __init__(self) -> None:
+        self.stop = 0
+        self.sorted = np.empty(0, np.float64)
+        self.where = np.empty(0, np.int64)
+
+    def extend(self, tail: np.ndarray, last: Any) -> None:
+        d, first = _neighbour_diffs(tail, last, self.stop)
+        if len(d):
+            order = np.argsort(d, kind="stable")
+            d, at = d[order], order.astype(np.int64) + first
+            slots = np.searchsorted(self.sorted, d, side="right")
+            self.sorted = np.insert(self.sorted, slots, d)
+            self.where = np.insert(self.where, slots, at)
+        self.stop += len(tail)
+
+    def median_positive(self) -> float:
+        """``np.median`` of the differences above 0 (0.0 when none is): the step time."""
+        s = self.sorted
+        lo, hi = int(np.searchsorted(s, 0.0, side="right")), int(np.searchsorted(s, np.nan, side="left"))  # NaNs sort last
+        n = hi - lo
+        if n <= 0:
+            return 0.0
+        mid = lo + n // 2
+        return float((s[mid - 1] + s[mid]) / 2) if n % 2 == 0 else float(s[mid])
+
+    def above(self, threshold: float) -> np.ndarray:
+        """The view indices whose difference from the point before exceeds ``threshold``, in order."""
+        k = int(np.searchsorted(self.sorted, threshold, side="right"))
+        at = self.where[k:][~np.isnan(self.sorted[k:])]
+        return np.sort(at)
+
+
+def clock_facts(wall: np.ndarray) -> ClockFacts | None:
+    """The kept facts of a clock (None when it is not a view of a growth buffer)."""
+    return _facts_of(wall, ClockFacts)
+
+
+class ValueFacts:
+    """A series' finite values: their count, the largest in size, and the positive ones sorted."""
+
+    def __init__(self) -> None:
+        self.stop = 0
+        self.finite = 0
+        self.max_abs = 0.0
+        self.positive = np.empty(0, np.float64)
+
+    def extend(self, tail: np.ndarray, last: Any) -> None:
+        v = tail[np.isfinite(tail)]
+        self.finite += len(v)
+        if len(v):
+            self.max_abs = max(self.max_abs, float(np.max(np.abs(v))))
+            p = np.sort(v[v > 0])
+            self.positive = np.insert(self.positive, np.searchsorted(self.positive, p, side="right"), p)
+        self.stop += len(tail)
+
+
+def value_facts(values: np.ndarray) -> ValueFacts | None:
+    """The kept facts of a series' values (None when they are not a view of a growth buffer)."""
+    return _facts_of(values, ValueFacts)
+
+
+def kth_of_sorted(arrays: Sequence[np.ndarray], k: int) -> float:
+    """The k-th smallest (from 0) of the values of these sorted arrays taken together, without merging them."""
+    for a in arrays:
+        lo, hi = 0, len(a) - 1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            x = a[mid]
+            less = sum(int(np.searchsorted(b, x, side="left")) for b in arrays)
+            upto = sum(int(np.searchsorted(b, x, side="right")) for b in arrays)
+            if upto <= k:
+                lo = mid + 1
+            elif less > k:
+                hi = mid - 1
+            else:
+                return float(x)
+    raise IndexError(f"k={k} is past the {sum(len(a) for a in arrays)} values")
+
+
+def percentile_of_sorted(arrays: Sequence[np.ndarray], q: float) -> float:
+    """``np.percentile`` (its default, linear method) of the values of these sorted arrays taken together:
+    numpy's virtual index, neighbours and interpolation, on the two order statistics it would pick."""
+    n = sum(len(a) for a in arrays)
+    virtual = (n - 1) * float(np.true_divide(q, 100))
+    if virtual >= n - 1:
+        return kth_of_sorted(arrays, n - 1)
+    below = int(np.floor(virtual)) if virtual >= 0 else 0
+    a, b = np.float64(kth_of_sorted(arrays, below)), np.float64(kth_of_sorted(arrays, below + 1))
+    t = float(np.float64(virtual) - np.float64(float(below)))
+    diff = b - a
+    return float(b - diff * (1 - t)) if t >= 0.5 else float(a + diff * t)
+
+
+def all_facts(arrays: Sequence[np.ndarray], get: Callable[[np.ndarray], F | None]) -> list[F] | None:
+    """The kept facts of every array, or None when one has none (the caller then computes from the arrays)."""
+    out = []
+    for a in arrays:
+        f = get(a)
+        if f is None:
+            return None
+        out.append(f)
+    return out
