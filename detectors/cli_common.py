@@ -121,6 +121,7 @@ class ScanOptions:
         """The one configuration object the pipeline takes (exits 2 naming the file when --lineage
         cannot be read, or the --dask scheduler when it cannot be reached: before any reading)."""
         from .boundaries import BoundaryConfig
+        from .fleet_memory import CHART_POINTS
         from .parallel import ClusterUnreachable, Execution, check_cluster, default_jobs
         from .pipeline import ScanConfig
         from .reference_reset import ReferenceResetConfig
@@ -145,7 +146,7 @@ class ScanOptions:
                           stitch=StitchConfig(group_by=self.group_by, lineage_map=lineage_map), boundaries=BoundaryConfig(),
                           reference_reset=ReferenceResetConfig(reset_score=self.reset_score), findings=findings,
                           limits=ReadLimits(max_bytes=self.max_read_bytes, max_seconds=self.max_read_seconds),
-                          execution=execution)
+                          execution=execution, chart_points=CHART_POINTS)
 
 
 def _say_klwatch_warnings() -> None:

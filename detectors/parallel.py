@@ -32,12 +32,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import logging
 import os
 import stat
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,10 +214,11 @@ def read_unit_task(task: UnitTask) -> UnitOutcome:
 
 
 def judge_task(lineage: Lineage, config: Any) -> LineageResult:
-    """Judge one training run (in a worker): ``pipeline.judge_lineage``."""
-    from .pipeline import judge_lineage
+    """Judge one training run (in a worker) and keep what the scan keeps of it: ``pipeline.judge_kept``
+    (a result thinned there costs less to send back)."""
+    from .pipeline import judge_kept
 
-    return judge_lineage(lineage, config=config)
+    return judge_kept(lineage, config=config)
 
 
 # ---------------------------------------------------------------------------------- runners
@@ -539,11 +541,12 @@ class _Local:
 
 
 def read_all(specs: Sequence[str], *, limits: ReadLimits, workers: Workers, read_unit: Any,
-             progress: Callable[[str], None] | None = None,
-             remote_at_once: int = REMOTE_AT_ONCE) -> list[tuple[SourceRead, str | None]]:
+             progress: Callable[[str], None] | None = None, remote_at_once: int = REMOTE_AT_ONCE,
+             keep: Callable[[list[Any]], list[Any]] | None = None) -> list[tuple[SourceRead, str | None]]:
     """Every SOURCE read, each with its ``#PATTERN``, as ``pipeline.read_sources`` gives them: remote
     ones a few at a time in threads, local ones looked through here and their units read by
-    ``workers``."""
+    ``workers``. ``keep`` (``pipeline.keep_pieces`` into a store) takes each unit's Segments as they
+    come back, and each remote SOURCE's, giving what the read holds instead."""
     from .sources.local import plan_local
     from .sources.pool import pooling
 
@@ -570,7 +573,7 @@ def read_all(specs: Sequence[str], *, limits: ReadLimits, workers: Workers, read
                         reads[i] = SourceRead(spec=base, errors=[SourceError(base, f"{type(exc).__name__}: {exc}")])
                         continue
                 local[i] = _Local(plan=plan, budget=budget, looked=time.monotonic() - started)
-        _read_units(local, workers=workers, read_unit=read_unit, progress=progress, specs=specs)
+        _read_units(local, workers=workers, read_unit=read_unit, progress=progress, specs=specs, keep=keep)
         from .sources.local import finish_local
 
         for i, state in local.items():
@@ -579,6 +582,8 @@ def read_all(specs: Sequence[str], *, limits: ReadLimits, workers: Workers, read
             if progress:
                 progress(specs[i])
             reads[i] = fut.result()
+            if keep is not None:
+                reads[i].segments = keep(reads[i].segments)
     finally:
         if threads is not None:
             threads.shutdown(wait=False, cancel_futures=True)
@@ -631,7 +636,8 @@ def _unit_bytes(unit: Any, *, cap: int, max_files: int = 2000) -> int:
 
 
 def _read_units(local: dict[int, _Local], *, workers: Workers, read_unit: Any,
-                progress: Callable[[str], None] | None, specs: Sequence[str]) -> None:
+                progress: Callable[[str], None] | None, specs: Sequence[str],
+                keep: Callable[[list[Any]], list[Any]] | None = None) -> None:
     """Read the units of every local SOURCE through ``workers``, adding each unit's read to its
     SOURCE in order and stopping a SOURCE at its bound as ``read_local`` does."""
     from .sources.local import add_unit_read, stop_at_bound, unit_failed
@@ -694,7 +700,7 @@ def _read_units(local: dict[int, _Local], *, workers: Workers, read_unit: Any,
             stop_at_bound(plan, str(exc), done=k, unit=unit)
             state.stopped = True
             continue
-        add_unit_read(plan, unit, got)
+        add_unit_read(plan, unit, got if keep is None else dataclasses.replace(got, segments=keep(got.segments)))
 
 
 def _sent(unit: Any, root: Path) -> tuple[Any, Path]:
@@ -729,18 +735,26 @@ def _as_given(outcome: UnitOutcome, unit: Any) -> UnitOutcome:
 # ---------------------------------------------------------------------------------- judging
 
 
-def judge_all(lineages: Sequence[Lineage], *, config: Any, workers: Workers) -> list[LineageResult]:
-    """Every training run judged, in order: in the pool or on the cluster when there are enough."""
-    if not lineages:
-        return []
-    runner = workers.runner(len(lineages), worth_a_pool=len(lineages) >= workers.execution.pool_min_lineages)
-    results: list[LineageResult] = []
-    for k, outcome in _in_order(range(len(lineages)), runner=runner,
-                                make=lambda k: (judge_task, lineages[k], config), timeout_of=lambda k: None):
+def judge_all(lineages: Iterable[Lineage], *, config: Any, workers: Workers) -> Iterator[LineageResult]:
+    """Every training run judged, in order: in the pool or on the cluster when there are enough
+    (``len`` of them, or the ``expected`` count of ``pipeline.Planned``). Each run is built when it
+    is handed out, so only the runs in flight are held whole."""
+    todo = iter(lineages)
+    first = next(todo, None)
+    if first is None:
+        return
+    count = len(lineages) if isinstance(lineages, Sized) else getattr(lineages, "expected", None) or 1
+    runner = workers.runner(count, worth_a_pool=count >= workers.execution.pool_min_lineages)
+    items = itertools.chain([first], todo)
+    for lin, outcome in _in_order(items, runner=runner, make=lambda lin: (judge_task, lin, config),
+                                  timeout_of=lambda lin: None):
         if isinstance(outcome, _TaskLost):
-            outcome = LineageResult(lineages[k], lineages[k].kl_metric, "error", error=f"judging it failed: {outcome}")
-        results.append(outcome)
-    return results
+            outcome = LineageResult(lin, lin.kl_metric, "error", error=f"judging it failed: {outcome}")
+            if config.chart_points is not None:
+                from .fleet_memory import keep_for_reports
+
+                outcome = keep_for_reports(outcome, points=config.chart_points)
+        yield outcome
 
 
 def scan_on_workers(specs: Sequence[str], *, config: Any, progress: Callable[[str], None] | None = None,
@@ -750,21 +764,21 @@ def scan_on_workers(specs: Sequence[str], *, config: Any, progress: Callable[[st
     watcher's cache does, in this process), stitching here, then the judging. A Dask cluster that
     cannot be reached, or is lost during the scan, is said (a ``klwatch`` log warning) and the scan
     is done in this process's pool instead: the report is the same."""
-    from .pipeline import judge_reads, read_sources
+    from .pipeline import judge_reads, keep_pieces, read_sources, scan_store
     from .sources.local import read_unit as plain_read_unit
 
     execution: Execution = config.execution
     try:
-        with Workers(execution) as workers:
-            if read is not None:
-                reads = read_sources(specs, progress=progress, read=read)
-            else:
-                reads = read_all(specs, limits=config.limits, workers=workers, read_unit=read_unit or plain_read_unit,
-                                 progress=progress, remote_at_once=execution.remote_at_once)
+        with Workers(execution) as workers, scan_store(config) as store:
             judge = functools.partial(judge_all, config=config, workers=workers)
             if judge_cache is not None:
                 judge = functools.partial(judge_cache.judge_through, config=config, judge=judge)
-            return judge_reads(reads, config=config, judge=judge)
+            if read is not None:
+                return judge_reads(read_sources(specs, progress=progress, read=read), config=config, judge=judge)
+            reads = read_all(specs, limits=config.limits, workers=workers, read_unit=read_unit or plain_read_unit,
+                             progress=progress, remote_at_once=execution.remote_at_once,
+                             keep=functools.partial(keep_pieces, store))
+            return judge_reads(reads, config=config, judge=judge, store=store)
     except (ClusterUnreachable, _ClusterLost) as exc:
         if not execution.dask:
             raise

@@ -37,7 +37,8 @@ import stat
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence, Sized
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -393,19 +394,34 @@ class ScanCache:
 
     # -- per training run
 
-    def judge_through(self, lineages: Sequence[Any], *, config: Any, judge: Any) -> list[Any]:
-        """Each training run's judgement: kept from a run judged before with the very same data
+    def judge_through(self, lineages: Iterable[Any], *, config: Any, judge: Any) -> Iterator[Any]:
+        """Each training run's judgement, in order: kept from a run judged before with the very same data
         (everything its lineage holds, the settings, klwatch's code), else ``judge``d (the others
-        together, so a pool still judges them in parallel) and kept. After 1% of a fleet's files
-        grew, 1% of its runs are judged again."""
-        keys = [self._lineage_key(lin, config) for lin in lineages]
-        out: list[Any] = [self._load_pickle("judged", k) if k is not None else None for k in keys]
-        todo = [i for i, r in enumerate(out) if r is None]
-        for i, result in zip(todo, judge([lineages[i] for i in todo]) if todo else []):
-            out[i] = result
-            if keys[i] is not None and result.status != "error" and not result.error:
-                self._store_pickle("judged", keys[i], result)
-        return out
+        handed to it as one stream, so a pool still judges them in parallel) and kept. After 1% of a
+        fleet's files grew, 1% of its runs are judged again. Runs are taken one at a time, so a scan
+        that builds each when asked holds only those waiting for their judgement."""
+        waiting: deque[tuple[str | None, Any]] = deque()
+
+        def misses() -> Iterator[Any]:
+            for lin in lineages:
+                key = self._lineage_key(lin, config)
+                hit = self._load_pickle("judged", key) if key is not None else None
+                waiting.append((key, hit))
+                if hit is None:
+                    yield lin
+
+        expected = len(lineages) if isinstance(lineages, Sized) else getattr(lineages, "expected", None)
+        judged = iter(judge(_Counted(misses(), expected)))
+        while True:
+            result = next(judged, None)
+            while waiting and waiting[0][1] is not None:
+                yield waiting.popleft()[1]
+            if result is None:
+                return
+            key, _ = waiting.popleft()
+            if key is not None and result.status != "error" and not result.error:
+                self._store_pickle("judged", key, result)
+            yield result
 
     @staticmethod
     def _lineage_key(lineage: Any, config: Any) -> str | None:
@@ -720,6 +736,16 @@ def read_unit_since(unit: Unit, *, root: Path, spec: str, since: Resume | None) 
 
     got = read_unit(dataclasses.replace(unit, reader=reader), root=root, spec=spec)
     return got, (kept[0] if not any(s.error for s in got.segments) else None)
+
+
+class _Counted:
+    """An iterable with the ``expected`` count of the one it was taken from (what a pool is sized by)."""
+
+    def __init__(self, items: Iterator[Any], expected: int | None) -> None:
+        self.items, self.expected = items, expected
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.items
 
 
 class _NoCanonicalForm(Exception):
