@@ -20,10 +20,14 @@ plain scan's).
   one is the step time; those over a threshold are the clock gaps).
 - ``ValueFacts``: a series' finite values: how many, the largest in size, and the positive ones
   sorted (their exact order statistics: the run's typical KL).
+
+Sorted numbers are kept in a ``SortedBag`` (a large sorted array and a small recent one), so a poll moves
+what is recent, not the run.
 """
 
 from __future__ import annotations
 
+import copy
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -33,14 +37,38 @@ import numpy as np
 _FACTS: dict[int, dict[tuple[str, int], Any]] = {}
 """Per tracked buffer (by id), its facts by (kind, start of the view)."""
 
-F = TypeVar("F", "StepFacts", "ClockFacts", "ValueFacts")
+F = TypeVar("F", "StepFacts", "ClockFacts", "ValueFacts", "RangeFacts")
 
 
-def track(buffer: np.ndarray) -> None:
-    """Keep facts for views of ``buffer`` (a growth buffer whose filled part never changes), until it is freed."""
+def track(buffer: np.ndarray, *, carry: np.ndarray | None = None) -> None:
+    """Keep facts for views of ``buffer`` (a growth buffer whose filled part never changes), until it is freed.
+    ``carry``: the array ``buffer`` starts with a copy of (a series outgrowing its buffer), whose kept facts
+    hold for ``buffer``'s start too: they are copied over, so growing into a new buffer costs a copy, not
+    the whole run's statistics again."""
     key = id(buffer)
     _FACTS[key] = {}
     weakref.finalize(buffer, _FACTS.pop, key, None)
+    if carry is None:
+        return
+    where = _view_of(carry)
+    if where is None:
+        return
+    kept, start = where
+    for (kind, at), facts in list(kept.items()):
+        if at == start and facts.stop <= len(carry):
+            _FACTS[key][(kind, 0)] = copy.deepcopy(facts)
+
+
+def _view_of(a: np.ndarray) -> tuple[dict[tuple[str, int], Any], int] | None:
+    """The facts kept for the tracked buffer ``a`` is a contiguous view of, and where in it ``a`` starts."""
+    base = a.base
+    if base is None or a.ndim != 1 or not isinstance(base, np.ndarray) or (len(a) > 1 and a.strides[0] != a.itemsize):
+        return None
+    kept = _FACTS.get(id(base))
+    if kept is None or base.dtype != a.dtype:
+        return None
+    start, extra = divmod(a.__array_interface__["data"][0] - base.__array_interface__["data"][0], a.itemsize)
+    return None if extra or start < 0 else (kept, start)
 
 
 def kept() -> int:
@@ -51,15 +79,10 @@ def kept() -> int:
 def _facts_of(a: np.ndarray, kind: type[F]) -> F | None:
     """The facts of ``a``, a view of a tracked buffer, updated with what it holds past them; None for any
     other array (or a view that ends before facts already kept: an older, shorter series)."""
-    base = a.base
-    if base is None or a.ndim != 1 or not isinstance(base, np.ndarray) or (len(a) > 1 and a.strides[0] != a.itemsize):
+    where = _view_of(a)
+    if where is None:
         return None
-    kept = _FACTS.get(id(base))
-    if kept is None or base.dtype != a.dtype:
-        return None
-    start, extra = divmod(a.__array_interface__["data"][0] - base.__array_interface__["data"][0], a.itemsize)
-    if extra or start < 0:
-        return None
+    kept, start = where
     facts = kept.get((kind.__name__, start))
     if facts is None:
         facts = kept[(kind.__name__, start)] = kind()
@@ -128,39 +151,74 @@ def median_of_counts(counts: Sequence[dict[int, int]]) -> float | None:
     return (float(lo) + float(hi)) / 2 if n % 2 == 0 else float(lo)
 
 
+class SortedBag:
+    """Numbers kept sorted as they come, each with a tag (an index), in two sorted arrays: a large one and a
+    recent one new numbers are inserted into, merged into the large one once it holds a sixteenth of it. An
+    insert moves the recent array only (a poll's cost does not grow with the run), and a merge, rare, moves
+    both; order statistics and thresholds are read off the two arrays without merging them."""
+
+    MERGE_SHARE = 16
+
+    def __init__(self) -> None:
+        self.parts = [np.empty(0, np.float64), np.empty(0, np.float64)]
+        self.tags = [np.empty(0, np.int64), np.empty(0, np.int64)]
+
+    def add(self, values: np.ndarray, tags: np.ndarray) -> None:
+        order = np.argsort(values, kind="stable")
+        values, tags = values[order], tags[order]
+        recent, recent_tags = self.parts[1], self.tags[1]
+        slots = np.searchsorted(recent, values, side="right")
+        self.parts[1], self.tags[1] = np.insert(recent, slots, values), np.insert(recent_tags, slots, tags)
+        if self.MERGE_SHARE * len(self.parts[1]) > len(self.parts[0]):
+            slots = np.searchsorted(self.parts[0], self.parts[1], side="right")
+            self.parts[0] = np.insert(self.parts[0], slots, self.parts[1])
+            self.tags[0] = np.insert(self.tags[0], slots, self.tags[1])
+            self.parts[1], self.tags[1] = self.parts[1][:0], self.tags[1][:0]
+
+    def __len__(self) -> int:
+        return len(self.parts[0]) + len(self.parts[1])
+
+    def count_upto(self, x: float, *, side: str = "right") -> int:
+        """How many numbers are at or below ``x`` (``side="left"``: below it); NaNs sort above every number."""
+        return sum(int(np.searchsorted(p, x, side=side)) for p in self.parts)  # type: ignore[call-overload]
+
+    def tags_above(self, x: float) -> np.ndarray:
+        """The tags of the numbers above ``x`` (NaNs left out), in order of the tags."""
+        out = []
+        for p, t in zip(self.parts, self.tags):
+            k = int(np.searchsorted(p, x, side="right"))
+            out.append(t[k:][~np.isnan(p[k:])])
+        return np.sort(np.concatenate(out))
+
+
 class ClockFacts:
-    """A clock's consecutive differences, sorted, with the view index each ends at."""
+    """A clock's consecutive differences, sorted (``SortedBag``), each tagged with the view index it ends at."""
 
     def __init__(self) -> None:
         self.stop = 0
-        self.sorted = np.empty(0, np.float64)
-        self.where = np.empty(0, np.int64)
+        self.diffs = SortedBag()
 
     def extend(self, tail: np.ndarray, last: Any) -> None:
         d, first = _neighbour_diffs(tail, last, self.stop)
         if len(d):
-            order = np.argsort(d, kind="stable")
-            d, at = d[order], order.astype(np.int64) + first
-            slots = np.searchsorted(self.sorted, d, side="right")
-            self.sorted = np.insert(self.sorted, slots, d)
-            self.where = np.insert(self.where, slots, at)
+            self.diffs.add(d, np.arange(first, first + len(d), dtype=np.int64))
         self.stop += len(tail)
 
     def median_positive(self) -> float:
         """``np.median`` of the differences above 0 (0.0 when none is): the step time."""
-        s = self.sorted
-        lo, hi = int(np.searchsorted(s, 0.0, side="right")), int(np.searchsorted(s, np.nan, side="left"))  # NaNs sort last
-        n = hi - lo
+        below = self.diffs.count_upto(0.0)
+        n = self.diffs.count_upto(np.nan, side="left") - below  # NaNs sort last
         if n <= 0:
             return 0.0
-        mid = lo + n // 2
-        return float((s[mid - 1] + s[mid]) / 2) if n % 2 == 0 else float(s[mid])
+        parts = self.diffs.parts
+        if n % 2:
+            return kth_of_sorted(parts, below + n // 2)
+        lo, hi = kth_of_sorted(parts, below + n // 2 - 1), kth_of_sorted(parts, below + n // 2)
+        return float((np.float64(lo) + np.float64(hi)) / 2)
 
     def above(self, threshold: float) -> np.ndarray:
         """The view indices whose difference from the point before exceeds ``threshold``, in order."""
-        k = int(np.searchsorted(self.sorted, threshold, side="right"))
-        at = self.where[k:][~np.isnan(self.sorted[k:])]
-        return np.sort(at)
+        return self.diffs.tags_above(threshold)
 
 
 def clock_facts(wall: np.ndarray) -> ClockFacts | None:
@@ -175,21 +233,42 @@ class ValueFacts:
         self.stop = 0
         self.finite = 0
         self.max_abs = 0.0
-        self.positive = np.empty(0, np.float64)
+        self.positive = SortedBag()
 
     def extend(self, tail: np.ndarray, last: Any) -> None:
         v = tail[np.isfinite(tail)]
         self.finite += len(v)
         if len(v):
             self.max_abs = max(self.max_abs, float(np.max(np.abs(v))))
-            p = np.sort(v[v > 0])
-            self.positive = np.insert(self.positive, np.searchsorted(self.positive, p, side="right"), p)
+            p = v[v > 0]
+            self.positive.add(p, np.zeros(len(p), np.int64))
         self.stop += len(tail)
 
 
 def value_facts(values: np.ndarray) -> ValueFacts | None:
     """The kept facts of a series' values (None when they are not a view of a growth buffer)."""
     return _facts_of(values, ValueFacts)
+
+
+class RangeFacts:
+    """A float array's lowest and highest value, NaN when it holds one (as ``ndarray.min``/``max`` say)."""
+
+    def __init__(self) -> None:
+        self.stop = 0
+        self.lo = np.float64(np.inf)
+        self.hi = np.float64(-np.inf)
+
+    def extend(self, tail: np.ndarray, last: Any) -> None:
+        self.lo, self.hi = np.minimum(self.lo, tail.min()), np.maximum(self.hi, tail.max())
+        self.stop += len(tail)
+
+
+def value_range(a: np.ndarray) -> tuple[float, float]:
+    """``(a.min(), a.max())`` of a non-empty float array, kept as a watched run grows."""
+    facts = _facts_of(a, RangeFacts)
+    if facts is not None:
+        return float(facts.lo), float(facts.hi)
+    return float(a.min()), float(a.max())
 
 
 def kth_of_sorted(arrays: Sequence[np.ndarray], k: int) -> float:

@@ -94,9 +94,9 @@ class Series:
             cap = max(2 * (n + k), 1024)
             g = _Growth(np.empty(cap, np.int64), np.empty(cap, np.float64),
                         None if self.wall_times is None else np.empty(cap, np.float64), n)
-            for buffer in (g.steps, g.values, g.walls):  # their filled parts never change: facts of them last
-                if buffer is not None:
-                    incremental.track(buffer)
+            for old, buffer in ((self.steps, g.steps), (self.values, g.values), (self.wall_times, g.walls)):
+                if buffer is not None:  # their filled parts never change: facts of them last (and move on)
+                    incremental.track(buffer, carry=old)
             g.steps[:n], g.values[:n] = self.steps, self.values
             if g.walls is not None:
                 g.walls[:n] = self.wall_times

@@ -60,12 +60,28 @@ class LateOpening:
                 "would have logged its KL where it was. The launch before it is not in the logs")
 
 
+def _may_start_late(first: Series, config: PostSideConfig) -> bool:
+    """Whether the first finite points sit where ``late_opening`` looks (past the run's first steps, then the
+    next step): read off the head of the series, so a watched run's poll does not copy its whole KL to learn
+    that its logs start at step 1."""
+    for head in (64, len(first)):
+        at = np.flatnonzero(np.isfinite(first.values[:head]))
+        if len(at) >= 2 or head >= len(first):
+            break
+    if len(at) < 2:
+        return False
+    step = int(first.steps[at[0]])
+    return step >= max(config.min_first_step, 3) and int(first.steps[at[1]]) == step + 1
+
+
 def late_opening(first: Series, *, cadence: int, config: PostSideConfig = PostSideConfig()) -> LateOpening | None:
     """The reset a launch's own opening shows, or None. ``first`` is the judged series (KL or margin) of the
     earliest piece in the logs; ``cadence`` its logging interval (only a point of a single step can sit at
     the floor: a window mean of a regrowth does not)."""
+    if cadence != 1 or not _may_start_late(first, config):
+        return None
     s = first.take(np.isfinite(first.values))
-    if len(s) < config.min_points or cadence != 1:
+    if len(s) < config.min_points:
         return None
     steps, vals = s.steps, np.abs(s.values)
     first_step = int(steps[0])

@@ -655,7 +655,7 @@ def _kl_summary(kl_pieces: Sequence[Series | None]) -> _KlSummary:
     parts = [k.values for k in kl_pieces if k is not None]
     facts = incremental.all_facts(parts, incremental.value_facts)
     if facts is not None and parts:
-        positive = [f.positive for f in facts if len(f.positive)]
+        positive = [part for f in facts for part in f.positive.parts if len(part)]
         scale = incremental.percentile_of_sorted(positive, 90) if positive else 0.0
         return _KlSummary(sum(f.finite for f in facts), max(f.max_abs for f in facts), scale)
     allkl = np.concatenate(parts) if parts else np.empty(0)

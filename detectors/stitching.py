@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from .declarations import flatten
+from .incremental import value_range
 from .launch_config import LAUNCH_FOLDER, ConfigDiff, compare_configs, path_parts, path_values, same_folder, short
 from .metrics import choose_kl_metric
 from .model import Segment, cadence_of
@@ -81,11 +82,13 @@ def _key(seg: Segment, config: StitchConfig) -> str:
 
 
 def _span(seg: Segment) -> tuple[float | None, float | None]:
+    """When a piece's clock starts and ends (a watched run's kept as it grows: ``klwatch.incremental``)."""
     starts, ends = [], []
     for n, s in seg.series.items():
         if s.wall_times is not None and len(s):
-            starts.append(float(s.wall_times.min()))
-            ends.append(float(s.wall_times.max()))
+            lo, hi = value_range(s.wall_times)
+            starts.append(lo)
+            ends.append(hi)
     if not starts:
         return seg.start_time, None
     return min(starts), max(ends)

@@ -61,6 +61,8 @@ def test_a_grown_series_is_judged_exactly_as_a_copy_of_it(seed: int, chunks: lis
         assert find_cuts(s, None, config=config, tentative=[]) == find_cuts(plain, None, config=config, tentative=[])
         assert relogged_steps({"a": s, "b": s}) == relogged_steps({"a": plain, "b": plain})
         assert _kl_summary([s]) == _kl_summary([plain])
+        assert incremental.value_range(s.wall_times) == (plain.wall_times.min(), plain.wall_times.max())
+        assert np.array_equal(incremental.value_range(s.values), (plain.values.min(), plain.values.max()), equal_nan=True)
 
 
 @given(seed=st.integers(0, 2 ** 32 - 1), chunks=st.lists(st.integers(1, 200), min_size=3, max_size=6))
@@ -98,3 +100,21 @@ def test_the_percentile_of_sorted_parts_is_numpys_percentile_of_them_together(va
 def test_the_median_of_histograms_is_numpys_median_of_what_they_count(gaps: list[list[int]]) -> None:
     counts = [dict(zip(*np.unique(g, return_counts=True))) for g in gaps]
     assert incremental.median_of_counts(counts) == float(np.median(np.concatenate(gaps)))
+
+
+@given(batches=st.lists(st.lists(st.integers(-20, 60), min_size=1, max_size=40), min_size=1, max_size=30),
+       threshold=st.integers(-20, 60))
+def test_a_sorted_bag_answers_as_the_sorted_whole_of_what_was_added(batches: list[list[int]], threshold: int) -> None:
+    bag, added, tags = incremental.SortedBag(), [], []
+    for batch in batches:  # whole numbers with NaNs (the counts and order are what is checked)
+        values = np.array([np.nan if v == 13 else v for v in batch], np.float64)
+        bag.add(values, np.arange(len(added), len(added) + len(values)))
+        added.extend(values.tolist())
+        tags.extend(range(len(tags), len(tags) + len(values)))
+    whole = np.array(added)
+    assert len(bag) == len(whole)
+    assert bag.count_upto(threshold) == int(np.sum(whole <= threshold))
+    assert bag.tags_above(threshold).tolist() == np.nonzero(whole > threshold)[0].tolist()
+    finite = np.sort(whole[~np.isnan(whole)])
+    for k in range(len(finite)):
+        assert incremental.kth_of_sorted(bag.parts, k) == finite[k]
