@@ -336,8 +336,9 @@ def bench_watch(*, runs: int) -> None:
 def _watch_fleet(base: Path, tmp: Path, *, runs: int, per_run: int) -> None:
     """One poll over ``runs`` runs of 1M steps, each grown by 1,000 steps; fewer runs when this machine's
     memory (half of what is available) or disk would not hold them, and then said so."""
-    fits_memory = int(0.5 * _available() / (per_run * 1.5))  # the first whole read needs room beside the held runs
-    fits_disk = int(0.8 * shutil.disk_usage(tmp).free / (base.stat().st_size * 1.05))
+    available, free = _available(), shutil.disk_usage(tmp).free
+    fits_memory = int(0.5 * available / (per_run * 1.5))  # the first whole read needs room beside the held runs
+    fits_disk = int(0.8 * free / (base.stat().st_size * 1.05))
     n = max(1, min(runs, fits_memory, fits_disk))
     root = tmp / "fleet" / "runs"
     files = []
@@ -359,9 +360,11 @@ def _watch_fleet(base: Path, tmp: Path, *, runs: int, per_run: int) -> None:
     print(f"  one poll over {n} runs of 1,000,000 steps: {took:.2f} s ({took / n * 1e3:.1f} ms a run; target: "
           f"100 runs <= 5 s)")
     if n < runs:
-        print(f"  ({runs} runs would not fit here: {n} fit in half the available memory, "
-              f"{_available() / 2**30:.1f} GiB, at {per_run / 2**20:.0f} MiB a watched run, and the free disk; "
-              f"{runs} runs at the measured cost a run: {took / n * runs:.2f} s, extrapolated, not measured)")
+        limit = (f"half the available memory ({available / 2**30:.1f} GiB) holds {fits_memory} at "
+                 f"{per_run / 2**20:.0f} MiB a watched run" if fits_memory <= fits_disk else
+                 f"the free disk ({free / 2**30:.1f} GiB) holds {fits_disk} files of {base.stat().st_size / 2**20:.0f} MiB")
+        print(f"  ({runs} runs not measured: {limit}; {runs} runs at the cost a run measured here would take "
+              f"{took / n * runs:.2f} s, an extrapolation)")
 
 
 def verdict_fleet_specs(*, runs: int, steps: int, seed: int) -> list:
