@@ -93,8 +93,11 @@ class StepSummary:
 
 
 def summarize(segment: Segment) -> Segment:
-    """``segment`` with each series replaced by its ``StepSummary`` (everything else shared)."""
-    return dataclasses.replace(segment, series={sys.intern(name): StepSummary(s) for name, s in segment.series.items()})
+    """``segment`` with each series replaced by its ``StepSummary`` and without its reader's ``meta``
+    (stitching never reads it; ``step_axis`` stays), everything else shared."""
+    meta = {"step_axis": segment.meta["step_axis"]} if "step_axis" in segment.meta else {}
+    return dataclasses.replace(segment, series={sys.intern(name): StepSummary(s) for name, s in segment.series.items()},
+                               meta=meta)
 
 
 class SegmentStore:
@@ -107,7 +110,8 @@ class SegmentStore:
 
     def __init__(self, directory: Path | None) -> None:
         self.directory = directory
-        self._held: dict[int, Segment | Path] = {}
+        self._held: dict[int, Segment | int] = {}
+        """By ``id`` of a summary: its piece, or the number of its file."""
         self._count = 0
 
     @classmethod
@@ -133,14 +137,17 @@ class SegmentStore:
             out.append(summary)
         return out
 
-    def _put(self, seg: Segment) -> Segment | Path:
+    def _put(self, seg: Segment) -> Segment | int:
         if self.directory is None:
             return seg
         self._count += 1
-        path = self.directory / f"{self._count}.pickle"
-        with open(path, "wb") as f:
+        with open(self._path(self._count), "wb") as f:
             pickle.dump(seg, f, protocol=pickle.HIGHEST_PROTOCOL)
-        return path
+        return self._count
+
+    def _path(self, number: int) -> Path:
+        assert self.directory is not None
+        return self.directory / f"{number}.pickle"
 
     def take(self, summary: Segment) -> Segment:
         """The piece ``summary`` was made from, whole (a spilled one read back: a copy, each time;
@@ -148,7 +155,7 @@ class SegmentStore:
         held = self._held[id(summary)]
         if isinstance(held, Segment):
             return held
-        with open(held, "rb") as f:
+        with open(self._path(held), "rb") as f:
             seg: Segment = pickle.load(f)  # noqa: S301 - our own private temporary folder
         return seg
 

@@ -777,7 +777,7 @@ def scan_on_workers(specs: Sequence[str], *, config: Any, progress: Callable[[st
                 return judge_reads(read_sources(specs, progress=progress, read=read), config=config, judge=judge)
             reads = read_all(specs, limits=config.limits, workers=workers, read_unit=read_unit or plain_read_unit,
                              progress=progress, remote_at_once=execution.remote_at_once,
-                             keep=functools.partial(keep_pieces, store))
+                             keep=None if store is None else functools.partial(keep_pieces, store))
             return judge_reads(reads, config=config, judge=judge, store=store)
     except (ClusterUnreachable, _ClusterLost) as exc:
         if not execution.dask:

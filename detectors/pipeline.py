@@ -399,20 +399,21 @@ def scan(specs: Sequence[str], *, config: ScanConfig = ScanConfig(),
     judge: Judge = functools.partial(judge_each, config=config)
     if judge_cache is not None:
         judge = functools.partial(judge_cache.judge_through, config=config, judge=judge)
+    if read is None and config.chart_points is None:
+        read = functools.partial(read_one, limits=config.limits, read_unit=read_unit) if read_unit is not None \
+            else functools.partial(read_source, limits=config.limits)
     if read is not None:
         return judge_reads(read_sources(specs, progress=progress, read=read), config=config, judge=judge)
-    with scan_store(config) as store:
+    with SegmentStore.spilled() as store:
         kept = functools.partial(read_kept, limits=config.limits, read_unit=read_unit, store=store)
         return judge_reads(read_sources(specs, progress=progress, read=kept), config=config, judge=judge,
                            store=store)
 
 
-def scan_store(config: ScanConfig) -> contextlib.AbstractContextManager[SegmentStore]:
-    """Where a scan's pieces wait for their run to be built: on disk when only what the reports read
-    is kept (``chart_points``), else in memory (the result holds every series anyway)."""
-    if config.chart_points is not None:
-        return SegmentStore.spilled()
-    return contextlib.nullcontext(SegmentStore.in_memory())
+def scan_store(config: ScanConfig) -> contextlib.AbstractContextManager[SegmentStore | None]:
+    """Where a scan's pieces wait for their run to be built when only what the reports read is kept
+    (``chart_points``): on disk. None otherwise: the reads keep their pieces, as the result does."""
+    return SegmentStore.spilled() if config.chart_points is not None else contextlib.nullcontext(None)
 
 
 def read_kept(spec: str, *, limits: ReadLimits, read_unit: ReadUnit | None, store: SegmentStore) -> SourceRead:

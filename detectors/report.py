@@ -243,20 +243,42 @@ def lineage_dict(r: LineageResult) -> dict[str, Any]:
 def to_dict(result: ScanResult) -> dict[str, Any]:
     """The JSON report (SPEC.md ``--format json``), every float finite or None, every string valid
     Unicode and free of secrets (a SOURCE's spec without its userinfo or query values)."""
-    return json_safe(clean_strings({
+    report = _report_head(result)
+    report["lineages"] = [lineage_dict(r) for r in result.results]
+    return json_safe(clean_strings(report, secret_free(result)))
+
+
+def _report_head(result: ScanResult) -> dict[str, Any]:
+    """The JSON report without its training runs (``"lineages": []``, its last key), as raw data."""
+    return {
         "schema": SCHEMA,
         "tool_version": __version__,
         "generated_at": result.generated_at,
         "sources": [{"spec": redact_spec(s.spec), "kinds": list(s.kinds),
                      "error": "; ".join(e.message for e in s.errors) or None,
                      "warnings": list(s.warnings), "unmatched": s.unmatched} for s in result.sources],
-        "lineages": [lineage_dict(r) for r in result.results],
-    }, secret_free(result)))
+        "lineages": [],
+    }
 
 
 def to_json(result: ScanResult) -> str:
-    """The JSON report as text, indented for people and diffs; valid JSON whatever the runs hold."""
-    return json_text(to_dict(result))
+    """The JSON report as text, indented for people and diffs; valid JSON whatever the runs hold.
+
+    The same text as ``json_text(to_dict(result))``, rendered one training run at a time: the whole
+    report is never held as data, three times over (built, cleaned, made JSON-safe), beside its text;
+    a fleet's report costs about its text."""
+    clean = secret_free(result)
+    head = json_text(json_safe(clean_strings(_report_head(result), clean)))
+    if not result.results:
+        return head
+    assert head.endswith(_NO_LINEAGES)  # "lineages" is the report's last key
+    runs = ",\n    ".join(json_text(json_safe(clean_strings(lineage_dict(r), clean))).replace("\n", "\n    ")
+                          for r in result.results)
+    return f"{head[:-len(_NO_LINEAGES)]}[\n    {runs}\n  ]\n}}"
+
+
+_NO_LINEAGES = "[]\n}"
+"""How an indented report ends with no training run: where ``to_json`` puts them, one by one."""
 
 
 def _fmt(x: float | None) -> str:

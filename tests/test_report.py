@@ -397,3 +397,9 @@ def test_markdown_keeps_an_ampersand_and_escapes_only_what_would_be_a_character_
     assert escape_cell("a &lt;img&gt; b") == "a &amp;lt;img&amp;gt; b"
     assert escape_cell("x &#60;!-- y") == "x &amp;#60;!-- y"
     assert escape_cell("<!--") == "&lt;!--"
+
+
+def test_the_json_report_rendered_run_by_run_is_the_text_of_the_whole_report(everything, logs):
+    nothing = scan_of(logs / "missing")
+    for result in (everything, nothing, scan_of(f"{logs / 'runs'}#grpo*", "mlflow://user:secret@127.0.0.1:1/x")):
+        assert to_json(result) == json_text(to_dict(result))
