@@ -60,15 +60,29 @@ def track(buffer: np.ndarray, *, carry: np.ndarray | None = None) -> None:
 
 
 def _view_of(a: np.ndarray) -> tuple[dict[tuple[str, int], Any], int] | None:
-    """The facts kept for the tracked buffer ``a`` is a contiguous view of, and where in it ``a`` starts."""
-    base = a.base
-    if base is None or a.ndim != 1 or not isinstance(base, np.ndarray) or (len(a) > 1 and a.strides[0] != a.itemsize):
+    """The facts kept for the tracked array ``a`` is (or is a contiguous view of), and where in it ``a`` starts."""
+    owner = a if a.base is None else a.base
+    if not isinstance(owner, np.ndarray) or a.ndim != 1 or (len(a) > 1 and a.strides[0] != a.itemsize):
         return None
-    kept = _FACTS.get(id(base))
-    if kept is None or base.dtype != a.dtype:
+    kept = _FACTS.get(id(owner))
+    if kept is None or owner.dtype != a.dtype:
         return None
-    start, extra = divmod(a.__array_interface__["data"][0] - base.__array_interface__["data"][0], a.itemsize)
+    start, extra = divmod(a.__array_interface__["data"][0] - owner.__array_interface__["data"][0], a.itemsize)
     return None if extra or start < 0 else (kept, start)
+
+
+def freeze(a: np.ndarray) -> None:
+    """Keep facts for ``a`` and its views from now on: a holder that keeps what it read between polls (the
+    watcher's read cache) promises it never changes, and ``a`` and its memory's owner are made read-only so
+    a write would fail loudly rather than leave stale facts. Growth buffers are tracked already (and stay
+    writable past what they hold)."""
+    owner = a if a.base is None else a.base
+    if isinstance(owner, np.ndarray) and id(owner) not in _FACTS:
+        a.flags.writeable = False  # the view itself too: one made before its owner was frozen stays writable
+        owner.flags.writeable = False
+        track(owner)
+    elif a.base is not None and id(a.base) in _FACTS and not a.base.flags.writeable:
+        a.flags.writeable = False  # another view of an owner frozen already
 
 
 def kept() -> int:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import incremental
 from .model import Segment, SourceError, SourceRead
 from .scan_cache import can_read_on, checkpoint_entries, log_anchor, read_unit_since, unit_fingerprint
 from .source_names import REMOTE_PREFIXES
@@ -149,8 +150,19 @@ class LocalReadCache:
             since = kept.resume
             self._stats.read_on += 1
         got, resume = read_unit_since(unit, root=root, spec=spec, since=since)
+        _keep_facts(got)
         self._units[key] = _Kept(stat, got, fingerprint, resume, log_anchor(resume) if resume is not None else None)
         return got
+
+
+def _keep_facts(got: UnitRead) -> None:
+    """What a unit read is kept until its files change, unchanged: its runs' whole-run statistics can be
+    kept beside it and updated as it grows (``klwatch.incremental``), so a poll judges what is new."""
+    for seg in got.segments:
+        for s in seg.series.values():
+            for a in (s.steps, s.values, s.wall_times):
+                if a is not None:
+                    incremental.freeze(a)
 
 
 @dataclass

@@ -163,3 +163,28 @@ def test_a_poll_of_a_growing_event_file_reads_only_what_was_written_since(tmp_pa
     np.testing.assert_array_equal(got["loss"].steps, want["loss"].steps)
     np.testing.assert_array_equal(got["train/kl_penalty"].values, want["train/kl_penalty"].values)
     assert len(want["loss"]) == 6000
+
+
+def test_what_the_cache_keeps_is_read_only_and_its_runs_are_judged_as_a_scan_judges_them():
+    """A kept read never changes (a write fails loudly), so its runs' whole-run statistics are kept beside it
+    between polls (``klwatch.incremental``); a poll over every kind of sample store, the second from the
+    kept statistics, reports what a scan reports."""
+    from pathlib import Path
+
+    import pytest
+    from klwatch import incremental
+    from klwatch.report import to_json
+
+    samples = Path(__file__).resolve().parents[1] / "sample_runs"
+    specs = [str(samples / "tensorboard"), str(samples / "mlflow" / "mlflow.db"), str(samples / "ui_csv")]
+    cache, config = LocalReadCache(), ScanConfig(findings=False)
+    for _ in range(2):
+        watched = scan(specs, config=config, read=cache.read)
+        whole = scan(specs, config=config)
+        watched.generated_at = whole.generated_at
+        assert to_json(watched) == to_json(whole)
+    series = [s for read in map(cache.read, specs) for seg in read.segments for s in seg.series.values() if len(s) > 1]
+    assert series and all(not s.steps.flags.writeable for s in series)
+    assert all(incremental.step_facts(s.steps) is not None for s in series)
+    with pytest.raises(ValueError):
+        series[0].values[0] = 1.0
