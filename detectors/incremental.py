@@ -3,15 +3,15 @@
 A run read on poll after poll grows its series by appending (``model.Series.extended``): each array is
 a view of a growth buffer whose filled part never changes (only the spare room past it is written).
 That makes the facts of a prefix of a buffer permanent: the facts of ``buffer[start:stop]`` are those
-of ``buffer[start:old_stop]`` updated with the new tail. This module keeps such facts per (buffer,
-start), beside the buffer and for as long as it lives: the watcher's read cache holds the buffers of
-every training run it watches, so every training run keeps its statistics between polls, and a poll
-updates them with the points logged since the last one.
+of ``buffer[start:old_stop]`` updated with the new tail. The files of a run that did not change are as
+permanent: the watcher's read cache keeps their arrays, read-only (``freeze``). This module keeps facts
+per (tracked array, start of the view), beside the array and for as long as it lives: the watcher's read
+cache holds the arrays of every training run it watches, so every training run keeps its statistics
+between polls, and a poll updates them with the points logged since the last one.
 
 Each fact is exact, never an approximation: the functions that use them (``model.logging_interval``,
 ``boundaries.find_cuts``, ``reference_reset`` on the run's KL) give byte for byte what they give
-from the whole arrays, which is what they still compute for any array not in a growth buffer (a
-plain scan's).
+from the whole arrays, which is what they still compute for any other array (a plain scan's).
 
 - ``StepFacts``: a step array's rewinds and repeats (where consecutive steps go back or stay), its
   lowest and highest step, and while it only goes up the histogram of its step gaps (gaps are
@@ -145,7 +145,7 @@ class StepFacts:
 
 
 def step_facts(steps: np.ndarray) -> StepFacts | None:
-    """The kept facts of a step array (None when it is not a view of a growth buffer)."""
+    """The kept facts of a step array (None when it is not a view of a tracked array)."""
     return _facts_of(steps, StepFacts)
 
 
@@ -236,7 +236,7 @@ class ClockFacts:
 
 
 def clock_facts(wall: np.ndarray) -> ClockFacts | None:
-    """The kept facts of a clock (None when it is not a view of a growth buffer)."""
+    """The kept facts of a clock (None when it is not a view of a tracked array)."""
     return _facts_of(wall, ClockFacts)
 
 
@@ -260,7 +260,7 @@ class ValueFacts:
 
 
 def value_facts(values: np.ndarray) -> ValueFacts | None:
-    """The kept facts of a series' values (None when they are not a view of a growth buffer)."""
+    """The kept facts of a series' values (None when they are not a view of a tracked array)."""
     return _facts_of(values, ValueFacts)
 
 
