@@ -8,6 +8,7 @@ detectors (``Finding``s) gate the job too; a reference reset always does (SPEC.m
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import sys
@@ -27,7 +28,7 @@ from .preference_reset import judged_quantity
 from .redact import scrub
 from .reference_reset import ReferenceResetConfig
 from .report import (EXIT_NOTHING_JUDGED, EXIT_OK, EXIT_RESET, EXIT_UNREADABLE, escape_cell, exit_code, incomplete,
-                     junit_xml, nothing_judged, printable, secret_free, to_json, undecided, unreadable)
+                     json_chunks, junit_xml, nothing_judged, printable, secret_free, undecided, unreadable)
 
 RESET = "reference_reset"
 DEFAULT_FAIL_ON: tuple[str, ...] = (RESET,)
@@ -323,7 +324,7 @@ def check_command(
     if junit is not None:
         write_output(junit, junit_with_findings(result, found), flag="--junit")
     if json_report is not None:
-        write_output(json_report, to_json(result) + "\n", flag="--json")
+        write_output(json_report, itertools.chain(json_chunks(result), ["\n"]), flag="--json")
     raise typer.Exit(check_exit_code(result, found))
 
 

@@ -7,9 +7,10 @@ so CI can gate on it without parsing output.
 from __future__ import annotations
 
 import importlib
+import itertools
 import os
 import sys
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from io import StringIO
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
@@ -22,7 +23,7 @@ from .cli_common import (CacheDirOpt, CacheSizeOpt, JunitOpt, KlwatchCommand, No
                          QuickCoercion, check_outputs, error_exit, open_cache, report_errors, scan_reports,
                          tolerant_std_streams, with_scan_options, write_output)
 from .redact import scrub
-from .report import exit_code, junit_xml, printable, render_markdown, render_table, to_json
+from .report import exit_code, json_chunks, junit_xml, printable, render_markdown, render_table
 
 if TYPE_CHECKING:
     from .model import ScanResult
@@ -137,16 +138,17 @@ def scan_command(
         wide = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "200"))
         render_table(result, Console(width=wide))
     else:
-        sys.stdout.write(_report_text(result, fmt))
+        sys.stdout.writelines(_report_text(result, fmt))
     if junit is not None:
         write_output(junit, junit_xml(result), flag="--junit")
     raise typer.Exit(exit_code(result))
 
 
-def _report_text(result: ScanResult, fmt: str) -> str:
-    """The report in ``fmt`` as text (the table as 160 plain columns, for a file)."""
+def _report_text(result: ScanResult, fmt: str) -> str | Iterable[str]:
+    """The report in ``fmt`` as text (the table as 160 plain columns, for a file); JSON in pieces, one
+    training run at a time (``report.json_chunks``: a fleet's report is never held whole)."""
     if fmt == "json":
-        return to_json(result) + "\n"
+        return itertools.chain(json_chunks(result), ["\n"])
     if fmt == "markdown":
         return render_markdown(result)
     from rich.console import Console

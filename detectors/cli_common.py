@@ -14,7 +14,7 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional, get_type_hints
@@ -489,21 +489,24 @@ def probe_writable(path: Path) -> None:
     os.unlink(tmp)
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` as UTF-8 to ``path`` all at once: into a temporary file beside it, then renamed
-    over it, so a failed write leaves the old file (or none), never half a file. Characters UTF-8
-    cannot hold (lone surrogates) are written as backslash escapes."""
-    data = text.encode("utf-8", "backslashreplace")
+def write_atomically(path: Path, text: str | Iterable[str]) -> None:
+    """Write ``text`` (or its pieces, in order: a fleet's report one run at a time) as UTF-8 to ``path``
+    all at once: into a temporary file beside it, then renamed over it, so a failed write leaves the old
+    file (or none), never half a file. Characters UTF-8 cannot hold (lone surrogates) are written as
+    backslash escapes."""
+    pieces = [text] if isinstance(text, str) else text
     target, in_place = _write_target(path)
     if in_place:
         with open(target, "wb") as fh:
-            fh.write(data)
+            for piece in pieces:
+                fh.write(piece.encode("utf-8", "backslashreplace"))
         return
     mode = stat.S_IMODE(os.stat(target).st_mode) if target.exists() else None
     fd, tmp = _temp_beside(target)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            for piece in pieces:
+                fh.write(piece.encode("utf-8", "backslashreplace"))
             fh.flush()
             os.fsync(fh.fileno())
         if mode is not None:
@@ -540,7 +543,7 @@ def check_outputs(outputs: dict[str, Path | None]) -> None:
             error_exit(f"cannot write {flag} {path}: {why_unwritable(path, exc)}")
 
 
-def write_output(path: Path, text: str, *, flag: str) -> None:
+def write_output(path: Path, text: str | Iterable[str], *, flag: str) -> None:
     """Write an output file (``--junit``, ``-o``) atomically, or exit 2 naming it and why: never a
     traceback, never half a file, never exit 1 (which CI reads as "a reset was found")."""
     try:

@@ -14,8 +14,8 @@ in two halves as soon as it is read:
 
 Then, training run by training run, the pipeline takes its pieces back from the store, builds and judges
 it, and keeps what the reports read (``keep_for_reports``): the verdicts, findings and notes, the
-members' summaries, and the KL thinned for a chart (``downsample``), whole for a run with a reset (the
-CI summary draws its sparkline from it). The series of the other runs are not held any more.
+members' summaries, and the KL thinned for a chart on the step axis (``downsample``), whole for a run
+with a reset (the CI summary draws its sparkline from it). The series of the other runs are not held any more.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pickle
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from .model import LineageResult, Segment, Series
 
 CHART_POINTS = 32
 """Points kept of each piece's KL once a training run is judged and thinned (min/max buckets, so a
-one-step drop survives): enough for a thumbnail, a few kilobytes per run at any fleet size."""
+one-step drop survives; steps and values, no clock): a thumbnail, under a kilobyte a piece."""
 
 
 class StepSummary:
@@ -91,13 +91,58 @@ class StepSummary:
     def __setstate__(self, state: tuple[int, bytes]) -> None:
         self._n, self._packed = state
 
+    @classmethod
+    def unpacked(cls, n: int, packed: bytes) -> StepSummary:
+        out = cls.__new__(cls)
+        out._n, out._packed = n, packed
+        return out
+
+
+class SummarySeries(Mapping[str, StepSummary]):
+    """A summary's series by name, all packed in one bytes object (a dict of StepSummaries costs a dozen
+    objects a piece, and a fleet holds thousands of pieces); each ``StepSummary`` is made when asked for."""
+
+    __slots__ = ("_names", "_lengths", "_packed")
+    _shared_names: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+    def __init__(self, series: Mapping[str, Series]) -> None:
+        names = tuple(sys.intern(n) for n in series)
+        self._names = self._shared_names.setdefault(names, names)  # pieces of a fleet log the same names
+        summaries = [StepSummary(s) for s in series.values()]
+        sizes = [len(x._packed) for x in summaries]
+        self._lengths = np.array([[x._n for x in summaries], sizes], dtype=np.int64).tobytes()
+        self._packed = b"".join(x._packed for x in summaries)
+
+    def __getitem__(self, name: str) -> StepSummary:
+        try:
+            k = self._names.index(name)
+        except ValueError:
+            raise KeyError(name) from None
+        lengths = np.frombuffer(self._lengths, dtype=np.int64).reshape(2, -1)
+        start = int(lengths[1, :k].sum())
+        return StepSummary.unpacked(int(lengths[0, k]), self._packed[start:start + int(lengths[1, k])])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __getstate__(self) -> tuple[tuple[str, ...], bytes, bytes]:
+        return self._names, self._lengths, self._packed
+
+    def __setstate__(self, state: tuple[tuple[str, ...], bytes, bytes]) -> None:
+        self._names, self._lengths, self._packed = state
+
 
 def summarize(segment: Segment) -> Segment:
     """``segment`` with each series replaced by its ``StepSummary`` and without its reader's ``meta``
     (stitching never reads it; ``step_axis`` stays), everything else shared."""
     meta = {"step_axis": segment.meta["step_axis"]} if "step_axis" in segment.meta else {}
-    return dataclasses.replace(segment, series={sys.intern(name): StepSummary(s) for name, s in segment.series.items()},
-                               meta=meta)
+    return dataclasses.replace(segment, series=SummarySeries(segment.series), meta=meta)  # type: ignore[arg-type]
 
 
 class SegmentStore:
@@ -178,6 +223,6 @@ def keep_for_reports(result: LineageResult, *, points: int = CHART_POINTS) -> Li
 
 
 def _own(series: Series) -> Series:
-    """``series`` with arrays of its own, not views of bigger ones: what is kept holds only its points."""
-    walls = None if series.wall_times is None else series.wall_times.copy()
-    return Series(series.steps.copy(), series.values.copy(), walls)
+    """``series`` on the step axis only (a thumbnail is drawn against the step), in arrays of its own, not
+    views of bigger ones: what is kept holds only its points."""
+    return Series(series.steps.copy(), series.values.copy())

@@ -332,11 +332,12 @@ class Planned:
         return len(self.groups)
 
     def __iter__(self) -> Iterator[Lineage]:
-        for group, i in self.groups:
+        for k, (group, i) in enumerate(self.groups):
+            self.groups[k] = (None, i)  # type: ignore[assignment]  # built: its summaries live on in the runs
             pattern = self.reads[i][1] if i is not None else None
             for lin in lineages_of(group, [self.store.take(s) for s in group.segments], config=self.config):
-                if i is not None:
-                    self.names[i].append(lin.name)
+                if pattern:  # what to say when the pattern keeps none
+                    self.names[i].append(lin.name)  # type: ignore[index]
                 if matches_pattern(pattern, lin):
                     self.matched.add(i if i is not None else -1)
                     self._members.append([group.segments[k] for k in member_order(group.segments)])

@@ -10,7 +10,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
@@ -262,19 +262,25 @@ def _report_head(result: ScanResult) -> dict[str, Any]:
 
 
 def to_json(result: ScanResult) -> str:
-    """The JSON report as text, indented for people and diffs; valid JSON whatever the runs hold.
+    """The JSON report as text, indented for people and diffs; valid JSON whatever the runs hold."""
+    return "".join(json_chunks(result))
 
-    The same text as ``json_text(to_dict(result))``, rendered one training run at a time: the whole
-    report is never held as data, three times over (built, cleaned, made JSON-safe), beside its text;
-    a fleet's report costs about its text."""
+
+def json_chunks(result: ScanResult) -> Iterator[str]:
+    """``to_json``'s text in pieces, one training run at a time: the same text as
+    ``json_text(to_dict(result))``, but the report is never held as data (three times over: built,
+    cleaned, made JSON-safe) nor as one text; a file written from the pieces costs a run at a time."""
     clean = secret_free(result)
     head = json_text(json_safe(clean_strings(_report_head(result), clean)))
     if not result.results:
-        return head
+        yield head
+        return
     assert head.endswith(_NO_LINEAGES)  # "lineages" is the report's last key
-    runs = ",\n    ".join(json_text(json_safe(clean_strings(lineage_dict(r), clean))).replace("\n", "\n    ")
-                          for r in result.results)
-    return f"{head[:-len(_NO_LINEAGES)]}[\n    {runs}\n  ]\n}}"
+    yield head[:-len(_NO_LINEAGES)] + "[\n    "
+    for k, r in enumerate(result.results):
+        text = json_text(json_safe(clean_strings(lineage_dict(r), clean))).replace("\n", "\n    ")
+        yield f",\n    {text}" if k else text
+    yield "\n  ]\n}"
 
 
 _NO_LINEAGES = "[]\n}"

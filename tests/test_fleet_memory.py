@@ -170,3 +170,16 @@ def test_a_thinned_scan_on_a_process_pool_reports_and_keeps_what_one_process_doe
     assert _report(pool) == _report(here)
     assert [[len(s) for p in r.lineage.pieces for s in p.values()] for r in pool.results] == \
         [[len(s) for p in r.lineage.pieces for s in p.values()] for r in here.results]
+
+
+def test_a_summarys_series_answer_by_name_as_the_pieces_series_do():
+    whole = _sample_segments()
+    for seg in whole:
+        summary = summarize(seg)
+        assert list(summary.series) == list(seg.series) and len(summary.series) == len(seg.series)
+        for name, s in seg.series.items():
+            assert name in summary.series
+            assert summary.series[name].steps.tolist() == s.steps.tolist() and len(summary.series.get(name)) == len(s)
+        assert "no such series" not in summary.series and summary.series.get("no such series") is None
+        with pytest.raises(KeyError):
+            summary.series["no such series"]
