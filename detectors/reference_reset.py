@@ -53,7 +53,7 @@ from .post_side import STARTS_PAST_FIRST_STEP, PostSideConfig, late_opening
 from .snapshot_mark import SnapshotMarkConfig, off_the_floor, snapshot_mark
 from .window_mark import WindowMarkConfig, window_mark
 from .model import (Boundary, BoundaryVerdict, Finding, Lineage, LineageResult, Series, Verdict, cadence_of,
-                    logging_interval)
+                    logging_interval, step_bounds)
 from .stats import diff_noise, floored_log, t_logpdf, theil_sen_slope
 
 Curve = Callable[[np.ndarray], np.ndarray]
@@ -310,10 +310,22 @@ class _Windows:
     span_after: tuple[int, int] | None
 
 
+def _finite_points(s: Series) -> Series:
+    """``s`` without its non-finite points: ``s`` itself when it has none (which a watched run's kept facts
+    say without a pass over it, ``klwatch.incremental``), so a poll copies no whole piece."""
+    facts = incremental.value_facts(s.values)
+    if facts is not None and facts.finite == len(s):
+        return s
+    ok = np.isfinite(s.values)
+    return s if bool(ok.all()) else s.take(ok)
+
+
 def _windows(before: Series, after: Series, config: ReferenceResetConfig) -> _Windows:
-    pre_all = before.take(np.isfinite(before.values))
-    post_all = after.take(np.isfinite(after.values))
-    earlier = pre_all.take(pre_all.steps < post_all.steps[0]) if len(post_all) else pre_all
+    pre_all, post_all = _finite_points(before), _finite_points(after)
+    if len(post_all) and len(pre_all) and step_bounds(pre_all.steps)[1] < post_all.steps[0]:
+        earlier = pre_all  # every point before comes before the first after (a copy of all of them would)
+    else:
+        earlier = pre_all.take(pre_all.steps < post_all.steps[0]) if len(post_all) else pre_all
     if len(earlier) >= 2:
         # a launch that crashed after its checkpoint logged on past it; the resumed one re-logs those steps
         # from the checkpoint: the level it resumed from is the one logged before them, not where the
