@@ -18,9 +18,10 @@ one tag per event. Every figure is measured in this run, on these files:
   fleet unchanged (warm), and after 1% of the event files grew by 5% (each read on from where the
   cache stopped);
 - watch: one ``klwatch watch`` poll (``watch.watch_pass``: its read cache, ``findings=False``, a state
-  file) after 1,000 new steps were appended to a run of 10,000 steps, to a run of 1,000,000 steps, and
-  to each of ``--runs`` runs of 1,000,000 steps (as many as half the available memory and the free disk
-  hold: fewer are measured, and said, when 100 do not fit), after two warm-up polls (the first growth
+  file) after 1,000 new steps were appended to a run of 10,000 steps, to a run of 1,000,000 steps (and
+  to one resumed at step 500,000, its boundary judged again at every poll), and to each of ``--runs``
+  runs of 1,000,000 steps (as many as half the available memory and the free disk hold: fewer are
+  measured, and said, when 100 do not fit), after two warm-up polls (the first growth
   moves each run into growth buffers and its statistics are kept from then on: ``klwatch.incremental``).
   ``KLWATCH_BENCH_DIR`` puts the files elsewhere than the temporary folder.
 
@@ -315,6 +316,28 @@ def _watch_one(base: Path, length: int, tmp: Path) -> tuple[float, int]:
 BIG_RUN = 1_000_000
 
 
+def _watch_resumed(tmp: Path) -> float:
+    """Median poll (s) over 5 polls, each after 1,000 new steps, of a 1M-step run with a resume halfway:
+    the boundary is judged again at every poll."""
+    root = tmp / "resumed" / "runs"
+    (root / "run").mkdir(parents=True)
+    first = root / "run" / "events.out.tfevents.1700000000.host.1.0"
+    second = root / "run" / "events.out.tfevents.1700600000.host.2.0"
+    append_steps(first, range(1, BIG_RUN // 2 + 1), batched=True)
+    append_steps(second, range(BIG_RUN // 2 + 1, BIG_RUN + 1), batched=True, seed=1)
+    w = _Watcher(root, [second], BIG_RUN)
+    w.poll()
+    for _ in range(2):
+        w.grow()
+        w.poll()
+    polls = []
+    for _ in range(5):
+        w.grow()
+        polls.append(w.poll())
+    w.close()
+    return statistics.median(polls)
+
+
 def bench_watch(*, runs: int) -> None:
     """The watcher's poll after 1,000 new steps: on a 10k-step and a 1M-step run, then over a fleet of
     ``runs`` runs of 1M steps (as many as this machine's memory and disk hold, said when fewer)."""
@@ -330,6 +353,9 @@ def bench_watch(*, runs: int) -> None:
         print(f"  run of 1,000,000 steps: poll {long * 1e3:7.1f} ms   (target <= 50 ms; "
               f"{held / 2**20:.0f} MiB held by the watcher for it)")
         print(f"  poll on the 1M-step run / poll on the 10k-step run: {long / short:.2f}x (flat: about 1x)", flush=True)
+        resumed = _watch_resumed(tmp)
+        print(f"  run of 1,000,000 steps resumed at step 500,000 (two event files, the second growing): poll "
+              f"{resumed * 1e3:7.1f} ms", flush=True)
         _watch_fleet(base, tmp, runs=runs, per_run=max(held, 1))
 
 
