@@ -141,8 +141,25 @@ class SummarySeries(Mapping[str, StepSummary]):
 def summarize(segment: Segment) -> Segment:
     """``segment`` with each series replaced by its ``StepSummary`` and without its reader's ``meta``
     (stitching never reads it; ``step_axis`` stays), everything else shared."""
-    meta = {"step_axis": segment.meta["step_axis"]} if "step_axis" in segment.meta else {}
-    return dataclasses.replace(segment, series=SummarySeries(segment.series), meta=meta)  # type: ignore[arg-type]
+    meta = {"step_axis": segment.meta["step_axis"]} if "step_axis" in segment.meta else NOTHING
+    return dataclasses.replace(segment, series=SummarySeries(segment.series), meta=meta,  # type: ignore[arg-type]
+                               config=segment.config or NOTHING, tags=segment.tags or NOTHING,
+                               warnings=segment.warnings or (), checkpoint_steps=segment.checkpoint_steps or ())
+
+
+class _Nothing(dict):  # type: ignore[type-arg]
+    """An empty mapping that stays empty (a summary's empty config, tags or meta: one for all of them)."""
+
+    def _refuse(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("a summary's mappings are read-only")
+
+    __setitem__ = __delitem__ = __ior__ = update = setdefault = pop = popitem = clear = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        return _Nothing, ()
+
+
+NOTHING = _Nothing()
 
 
 class SegmentStore:
@@ -194,6 +211,10 @@ class SegmentStore:
         assert self.directory is not None
         return self.directory / f"{number}.pickle"
 
+    def forget(self, summary: Segment) -> None:
+        """Let go of a piece no training run will be built from again (its file stays till the end)."""
+        self._held.pop(id(summary), None)
+
     def take(self, summary: Segment) -> Segment:
         """The piece ``summary`` was made from, whole (a spilled one read back: a copy, each time;
         a checkpoint folder may belong to several training runs)."""
@@ -218,8 +239,9 @@ def keep_for_reports(result: LineageResult, *, points: int = CHART_POINTS) -> Li
             pieces.append({})
             continue
         pieces.append({lin.kl_metric: kl if whole else _own(kl.take(minmax_indices(kl.values, max_points=points)))})
-    lean = dataclasses.replace(lin, segments=[summarize(s) for s in lin.segments], pieces=pieces)
-    return dataclasses.replace(result, lineage=lean)
+    lean = dataclasses.replace(lin, segments=[summarize(s) for s in lin.segments], pieces=pieces,
+                               config=lin.config or NOTHING, checkpoint_steps=lin.checkpoint_steps or ())
+    return dataclasses.replace(result, lineage=lean, findings=result.findings or ())
 
 
 def _own(series: Series) -> Series:

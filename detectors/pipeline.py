@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import functools
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -323,6 +323,8 @@ class Planned:
         if pooled_at is not None:
             in_order = _in_source_order(stitch_summaries(pooled, config=config), pooled)
             self.groups[pooled_at:pooled_at] = [(g, None) for g in in_order]
+        self._uses = Counter(id(s) for group, _ in self.groups for s in group.segments)
+        """How many groups each summary is in (a checkpoint folder can serve several runs)."""
         self.names: dict[int, list[str]] = {i: [] for i in range(len(reads))}
         self.matched: set[int] = set()
         self._members: deque[list[Segment]] = deque()
@@ -335,13 +337,23 @@ class Planned:
         for k, (group, i) in enumerate(self.groups):
             self.groups[k] = (None, i)  # type: ignore[assignment]  # built: its summaries live on in the runs
             pattern = self.reads[i][1] if i is not None else None
-            for lin in lineages_of(group, [self.store.take(s) for s in group.segments], config=self.config):
+            for lin in lineages_of(group, self._take(group), config=self.config):
                 if pattern:  # what to say when the pattern keeps none
                     self.names[i].append(lin.name)  # type: ignore[index]
                 if matches_pattern(pattern, lin):
                     self.matched.add(i if i is not None else -1)
                     self._members.append([group.segments[k] for k in member_order(group.segments)])
                     yield lin
+
+    def _take(self, group: Stitched) -> list[Segment]:
+        """The group's pieces whole, from the store; one no other group needs is let go of there."""
+        pieces = [self.store.take(s) for s in group.segments]
+        for s in group.segments:
+            self._uses[id(s)] -= 1
+            if not self._uses[id(s)]:
+                del self._uses[id(s)]
+                self.store.forget(s)
+        return pieces
 
     def with_members(self, result: LineageResult) -> LineageResult:
         """A judged run (they come back in the order handed out) as the scan keeps it: with
