@@ -1255,7 +1255,7 @@ def _parse_log(log: Path) -> tuple[Any, int, _Unframer]:
     size = len(data)
     del data
     joined = b"".join(framed.out)
-    framed.out = []
+    framed.prior, framed.out = framed.records, []  # the records dropped, their count kept (a later read counts on)
     try:
         return _msg("Batch").FromString(joined), size, framed
     except DecodeError:

@@ -377,6 +377,24 @@ def test_a_cut_short_record_warns_in_the_read_but_not_in_its_resume(live: LiveRu
     assert resume.segment.meta["log_bytes"] == resume.offset and seg.meta["log_bytes"] == cut
 
 
+def test_a_read_on_that_ends_inside_a_record_counts_the_records_as_a_whole_read_does(
+        live: LiveRuns, tmp_path: Path) -> None:
+    """A watcher's poll that catches the log mid-record says how many whole records it read: all of them,
+    those before the last read's offset too (a first read drops its records once decoded, not their count)."""
+    folder = live.folders["second"]
+    data = _log(folder).read_bytes()
+    bounds = _record_bounds(data)
+    first, later = bounds[len(bounds) // 3], bounds[2 * len(bounds) // 3] + 20
+    copy = _with_log(tmp_path, folder, data[:first])
+    [_], resume = read_wandb_run_dir_since(copy, ref="r", source="s", since=None)
+    (copy / _log(folder).name).write_bytes(data[:later])
+    [on], _ = read_wandb_run_dir_since(copy, ref="r", source="s", since=resume)
+    [whole], _ = read_wandb_run_dir_since(copy, ref="r", source="s", since=None)
+    said = [w for w in whole.warnings if "cut short" in w]
+    assert said and f"read the {bounds.index(later - 20)} whole records" in said[0]
+    assert on.warnings == whole.warnings
+
+
 def _fix_crcs(data: bytes) -> bytes:
     out = bytearray(data)
     for at in _chunk_starts(data):
