@@ -543,10 +543,9 @@ class _Local:
 def read_all(specs: Sequence[str], *, limits: ReadLimits, workers: Workers, read_unit: Any,
              progress: Callable[[str], None] | None = None, remote_at_once: int = REMOTE_AT_ONCE,
              keep: Callable[[list[Any]], list[Any]] | None = None) -> list[tuple[SourceRead, str | None]]:
-    """Every SOURCE read, each with its ``#PATTERN``, as ``pipeline.read_sources`` gives them: remote
-    ones a few at a time in threads, local ones looked through here and their units read by
-    ``workers``. ``keep`` (``pipeline.keep_pieces`` into a store) takes each unit's Segments as they
-    come back, and each remote SOURCE's, giving what the read holds instead."""
+    """Every SOURCE read, each with its ``#PATTERN``, as ``pipeline.read_sources`` gives them: remote ones a
+    few at a time in threads, local ones looked through here and their units read by ``workers``; ``keep``
+    (``pipeline.keep_pieces``) gives what a read holds of each unit's (remote SOURCE's) Segments."""
     from .sources.local import plan_local
     from .sources.pool import pooling
 
@@ -582,8 +581,7 @@ def read_all(specs: Sequence[str], *, limits: ReadLimits, workers: Workers, read
             if progress:
                 progress(specs[i])
             reads[i] = fut.result()
-            if keep is not None:
-                reads[i].segments = keep(reads[i].segments)
+            reads[i].segments = reads[i].segments if keep is None else keep(reads[i].segments)
     finally:
         if threads is not None:
             threads.shutdown(wait=False, cancel_futures=True)
