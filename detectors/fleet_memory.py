@@ -98,6 +98,10 @@ class StepSummary:
         return out
 
 
+SHARED_NAME_SETS = 4096
+"""Distinct sets of series names whose tuple summaries share (a long-lived watcher meets new ones)."""
+
+
 class SummarySeries(Mapping[str, StepSummary]):
     """A summary's series by name, all packed in one bytes object (a dict of StepSummaries costs a dozen
     objects a piece, and a fleet holds thousands of pieces); each ``StepSummary`` is made when asked for."""
@@ -107,7 +111,10 @@ class SummarySeries(Mapping[str, StepSummary]):
 
     def __init__(self, series: Mapping[str, Series]) -> None:
         names = tuple(sys.intern(n) for n in series)
-        self._names = self._shared_names.setdefault(names, names)  # pieces of a fleet log the same names
+        shared = self._shared_names.get(names)  # pieces of a fleet log the same names: one tuple for all
+        if shared is None and len(self._shared_names) < SHARED_NAME_SETS:
+            shared = self._shared_names[names] = names
+        self._names = shared or names
         summaries = [StepSummary(s) for s in series.values()]
         sizes = [len(x._packed) for x in summaries]
         self._lengths = np.array([[x._n for x in summaries], sizes], dtype=np.int64).tobytes()

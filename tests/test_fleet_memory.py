@@ -183,3 +183,14 @@ def test_a_summarys_series_answer_by_name_as_the_pieces_series_do():
         assert "no such series" not in summary.series and summary.series.get("no such series") is None
         with pytest.raises(KeyError):
             summary.series["no such series"]
+
+
+def test_a_thinned_scan_result_comes_back_from_a_pickle_reporting_the_same_for_the_scan_cache():
+    import pickle
+
+    result = scan([str(SAMPLES)], config=ScanConfig(chart_points=16))
+    back = pickle.loads(pickle.dumps(result))
+    assert _report(back) == _report(result)
+    empty = next(s for r in back.results for s in r.lineage.segments if not s.config)
+    with pytest.raises(TypeError):  # a summary's shared empty config stays read-only through a pickle
+        empty.config["lr"] = 1.0
