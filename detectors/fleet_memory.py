@@ -172,30 +172,32 @@ NOTHING = _Nothing()
 class SegmentStore:
     """Where the series of a scan's pieces wait between reading and judging, found by their summary.
 
-    ``spilled()``: pickled one piece to a file in a private temporary folder (removed with the
-    folder at the scan's end), read back when its training run is built; ``in_memory()``: the pieces themselves,
-    for reads the caller holds anyway. Either way ``keep`` gives the summaries to stitch on and
-    ``take`` the pieces back."""
+    ``spilled()``: each piece pickled to a file in a private temporary folder (made at the first
+    piece, removed with its files at the scan's end), read back when its training run is built;
+    ``in_memory()``: the pieces themselves, for reads the caller holds anyway. Either way ``keep``
+    gives the summaries to stitch on and ``take`` the pieces back."""
 
-    def __init__(self, directory: Path | None) -> None:
-        self.directory = directory
+    def __init__(self, *, spill: bool) -> None:
+        self.spill = spill
+        self.directory: Path | None = None
         self._held: dict[int, Segment | int] = {}
         """By ``id`` of a summary: its piece, or the number of its file."""
         self._count = 0
 
     @classmethod
     def in_memory(cls) -> SegmentStore:
-        return cls(None)
+        return cls(spill=False)
 
     @classmethod
     @contextlib.contextmanager
     def spilled(cls) -> Any:
         """A store spilling to a temporary folder (0700), removed on leaving."""
-        folder = Path(tempfile.mkdtemp(prefix="klwatch-scan-"))
+        store = cls(spill=True)
         try:
-            yield cls(folder)
+            yield store
         finally:
-            shutil.rmtree(folder, ignore_errors=True)
+            if store.directory is not None:
+                shutil.rmtree(store.directory, ignore_errors=True)
 
     def keep(self, segments: Iterable[Segment]) -> list[Segment]:
         """The summaries of ``segments``, their series kept here until ``take``n."""
@@ -207,8 +209,10 @@ class SegmentStore:
         return out
 
     def _put(self, seg: Segment) -> Segment | int:
-        if self.directory is None:
+        if not self.spill:
             return seg
+        if self.directory is None:
+            self.directory = Path(tempfile.mkdtemp(prefix="klwatch-scan-"))
         self._count += 1
         with open(self._path(self._count), "wb") as f:
             pickle.dump(seg, f, protocol=pickle.HIGHEST_PROTOCOL)
