@@ -200,10 +200,13 @@ class SegmentStore:
                 shutil.rmtree(store.directory, ignore_errors=True)
 
     def keep(self, segments: Iterable[Segment]) -> list[Segment]:
-        """The summaries of ``segments``, their series kept here until ``take``n."""
+        """The summaries of ``segments``, their series kept here until ``take``n. In memory a piece is its
+        own summary: a summary saves memory only where the series go elsewhere, stitching reads the same of
+        either, and a watcher's pieces keep their whole-run facts (``klwatch.incremental``) instead of a
+        pass over every step at each poll."""
         out = []
         for seg in segments:
-            summary = summarize(seg)
+            summary = summarize(seg) if self.spill else seg
             self._held[id(summary)] = self._put(seg)
             out.append(summary)
         return out

@@ -19,6 +19,7 @@ the next poll; only ``reference_reset`` verdicts are alerted.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sqlite3
 import sys
@@ -108,7 +109,9 @@ def watch_command(
     if not sources:
         error_exit("give at least one SOURCE")
     sinks = _sinks(list(webhook or []))
-    config = options.config(findings=False)
+    # whole results, not thinned ones: the read cache holds every run's pieces between polls anyway, and a
+    # thinned one costs a pass over every step of a grown run at each poll
+    config = dataclasses.replace(options.config(findings=False), chart_points=None)
     state = _open_state(state_path, sinks)
     if not once:
         signal.signal(signal.SIGTERM, _stop)

@@ -155,6 +155,17 @@ def test_the_pieces_wait_on_disk_and_come_back_whole():
     assert not folder.exists()
 
 
+def test_a_store_in_memory_stitches_on_the_pieces_themselves_and_copies_none_of_their_steps():
+    """Reads held in memory anyway (the watcher's cache, the dashboard's) gain nothing from a summary, and a
+    watched run keeps its whole-run facts only on its own arrays (``klwatch.incremental``)."""
+    read = read_source(str(SAMPLES / "tensorboard"))
+    store = SegmentStore.in_memory()
+    kept = keep_pieces(store, read.segments)
+    assert all(isinstance(series, Series) for k in kept for series in k.series.values())  # no summary made
+    assert all(k is s for k, s in zip(kept, read.segments) if "step_axis" not in k.meta)  # the read's own pieces
+    assert all(store.take(k) is k for k in kept)
+
+
 def test_stitch_summaries_notes_every_join_on_its_group():
     whole = _sample_segments()
     groups = stitch_summaries(SegmentStore.in_memory().keep(whole), config=ScanConfig())
