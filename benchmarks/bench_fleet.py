@@ -325,17 +325,21 @@ def _watch_resumed(tmp: Path) -> float:
     second = root / "run" / "events.out.tfevents.1700600000.host.2.0"
     append_steps(first, range(1, BIG_RUN // 2 + 1), batched=True)
     append_steps(second, range(BIG_RUN // 2 + 1, BIG_RUN + 1), batched=True, seed=1)
-    w = _Watcher(root, [second], BIG_RUN)
+    return _median_poll(_Watcher(root, [second], BIG_RUN), polls=5)
+
+
+def _median_poll(w: "_Watcher", *, polls: int) -> float:
+    """The median of ``polls`` polls, each after the run(s) grew, once three polls have warmed the watcher."""
     w.poll()
     for _ in range(2):
         w.grow()
         w.poll()
-    polls = []
-    for _ in range(5):
+    took = []
+    for _ in range(polls):
         w.grow()
-        polls.append(w.poll())
+        took.append(w.poll())
     w.close()
-    return statistics.median(polls)
+    return statistics.median(took)
 
 
 def bench_watch(*, runs: int) -> None:
@@ -372,17 +376,7 @@ def _watch_fleet(base: Path, tmp: Path, *, runs: int, per_run: int) -> None:
         (root / f"run{r:03d}").mkdir(parents=True)
         files.append(root / f"run{r:03d}" / "events.out.tfevents.1700000000.host.1.0")
         shutil.copyfile(base, files[-1])
-    w = _Watcher(root, files, BIG_RUN)
-    w.poll()
-    for _ in range(2):
-        w.grow()
-        w.poll()
-    polls = []
-    for _ in range(3):
-        w.grow()
-        polls.append(w.poll())
-    w.close()
-    took = statistics.median(polls)
+    took = _median_poll(_Watcher(root, files, BIG_RUN), polls=3)
     print(f"  one poll over {n} runs of 1,000,000 steps: {took:.2f} s ({took / n * 1e3:.1f} ms a run; target: "
           f"100 runs <= 5 s)")
     if n < runs:
