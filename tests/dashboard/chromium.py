@@ -44,6 +44,13 @@ def settled(page) -> None:
     page.wait_for_function("() => !document.querySelector('[data-testid=stStatusWidget]')", timeout=WAIT_MS)
 
 
+def url_showing(page, pattern: str) -> str:
+    """The page's URL once its query matches the regular expression ``pattern``: the dashboard writes the
+    open run into the URL at the end of the run that drew it, after the chart a test may have waited for."""
+    page.wait_for_function("(p) => new RegExp(p).test(location.search)", arg=pattern, timeout=WAIT_MS)
+    return page.url
+
+
 _GRID_SNAPSHOT = """() => {
   const grid = document.querySelector('[data-testid=stDataFrame] table[role=grid]');
   if (!grid) return null;

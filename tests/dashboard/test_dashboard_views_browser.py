@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from chromium import (WAIT_MS, click_run_name, fleet_page, fleet_rows, fleet_rows_when, needs_chromium,
-                      points_per_panel, run_chart, settled)
+                      points_per_panel, run_chart, settled, url_showing)
 from dashboard_runs import write_findings_fleet
 from dashboard_server import REPO, running_dashboard
 
@@ -77,7 +77,7 @@ def test_findings_compare_and_dark_mode_in_the_browser(tmp_path: Path) -> None:
         assert "grpo-resume-buggy" in page.locator(".st-key-run_view h2").inner_text()
 
         # compare: the control run's KL over the resumed one's, and where they part
-        buggy = re.search(r"run=([^&]+)", page.url).group(1)
+        buggy = re.search(r"run=([^&]+)", url_showing(page, r"[?&]run=[^&]*grpo-resume-buggy")).group(1)
         control = buggy.replace("grpo-resume-buggy", "grpo-control")
         page.goto(f"{url}/?run={buggy}&control={control}", timeout=WAIT_MS)
         chart = run_chart(page, "grpo-resume-buggy")
@@ -122,7 +122,7 @@ def test_a_click_on_a_row_redraws_the_open_run_and_not_the_fleet(tmp_path: Path)
         run_chart(page, "grpo-lr-restart")
         assert received, "nothing came back for the click"
         assert not any(b"why incomplete" in f for f in received if isinstance(f, bytes))
-        assert re.search(r"[?&]run=[^&]*grpo-lr-restart", page.url)  # the URL still follows the open run
+        url_showing(page, r"[?&]run=[^&]*grpo-lr-restart")  # the URL still follows the open run
 
 
 def _shot_clip(page, main, tmp_path: Path) -> None:
