@@ -9,6 +9,7 @@ with a plain copy of itself, which the same functions judge from the whole array
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -93,7 +94,8 @@ def test_the_percentile_of_sorted_parts_is_numpys_percentile_of_them_together(va
                                                                               q: int) -> None:
     x = np.array(values, np.float64) / 7.0
     split = np.array_split(x, parts)
-    assert incremental.percentile_of_sorted([np.sort(p) for p in split if len(p)], q) == float(np.percentile(x, q))
+    assert incremental.percentile_of_sorted([np.sort(p) for p in split if len(p)], q) == \
+        pytest.approx(float(np.percentile(x, q)), rel=1e-12, abs=1e-15)
 
 
 @given(gaps=st.lists(st.lists(st.integers(1, 9), min_size=1, max_size=30), min_size=1, max_size=3))

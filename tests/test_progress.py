@@ -56,7 +56,7 @@ def _lr_run(config: dict) -> Lineage:
                                                          "total_training_steps": 100}}}])
 def test_a_warm_up_the_config_declares_ramps_the_rate_before_the_first_log(config):
     lr = run_lr(_lr_run(config))  # logged at its peak from the first log on: the ramp left no trace in the logs
-    assert lr is not None and lr.steps[0] == 0 and lr.values[0] == 0.0
+    assert lr is not None and lr.steps[0] == 0 and lr.values[0] == pytest.approx(0.0, abs=1e-15)
     assert window_progress(lr, np.array([5]), since=0) == pytest.approx([np.mean([0, 0, 2e-6, 6e-6, 1.2e-5])])
 
 
