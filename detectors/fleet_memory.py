@@ -241,9 +241,10 @@ class SegmentStore:
 
 
 def keep_for_reports(result: LineageResult, *, points: int = CHART_POINTS) -> LineageResult:
-    """``result`` as a scan keeps it once judged: its lineage's members as summaries and each piece
-    holding only the KL, thinned to ``points`` (whole in a run with a reset: the CI summary's
-    sparkline reads it). Verdicts, findings, boundaries, notes and config are kept as they are."""
+    """``result`` as a scan keeps it once judged: each piece holding only the KL, thinned to ``points``
+    (whole in a run with a reset: the CI summary's sparkline reads it), and no members: the scan puts
+    back the summaries its reads already hold (``pipeline.Planned.with_members``) rather than a pass over
+    every step to make them again. Verdicts, findings, boundaries, notes and config are kept as they are."""
     lin = result.lineage
     whole = any(v.verdict == "reference_reset" for v in result.verdicts)
     pieces = []
@@ -253,7 +254,7 @@ def keep_for_reports(result: LineageResult, *, points: int = CHART_POINTS) -> Li
             pieces.append({})
             continue
         pieces.append({lin.kl_metric: kl if whole else _own(kl.take(minmax_indices(kl.values, max_points=points)))})
-    lean = dataclasses.replace(lin, segments=[summarize(s) for s in lin.segments], pieces=pieces,
+    lean = dataclasses.replace(lin, segments=[], pieces=pieces,
                                config=lin.config or NOTHING, checkpoint_steps=lin.checkpoint_steps or ())
     return dataclasses.replace(result, lineage=lean, findings=result.findings or ())
 
