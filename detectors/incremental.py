@@ -173,21 +173,27 @@ class SortedBag:
 
     MERGE_SHARE = 16
 
-    def __init__(self) -> None:
+    def __init__(self, *, tagged: bool = True) -> None:
+        """``tagged=False``: numbers only (``tags_above`` unavailable), half the memory, for a bag only
+        counted and ranked (a 1M-point watched run's positive KL values: 8 MB less)."""
         self.parts = [np.empty(0, np.float64), np.empty(0, np.float64)]
-        self.tags = [np.empty(0, np.int64), np.empty(0, np.int64)]
+        self.tags: list[np.ndarray] | None = [np.empty(0, np.int64), np.empty(0, np.int64)] if tagged else None
 
-    def add(self, values: np.ndarray, tags: np.ndarray) -> None:
+    def add(self, values: np.ndarray, tags: np.ndarray | None = None) -> None:
+        """Insert ``values`` (with their ``tags``, one each, when the bag is tagged)."""
         order = np.argsort(values, kind="stable")
-        values, tags = values[order], tags[order]
-        recent, recent_tags = self.parts[1], self.tags[1]
-        slots = np.searchsorted(recent, values, side="right")
-        self.parts[1], self.tags[1] = np.insert(recent, slots, values), np.insert(recent_tags, slots, tags)
+        values = values[order]
+        slots = np.searchsorted(self.parts[1], values, side="right")
+        self.parts[1] = np.insert(self.parts[1], slots, values)
+        if self.tags is not None:
+            self.tags[1] = np.insert(self.tags[1], slots, np.asarray(tags)[order])
         if self.MERGE_SHARE * len(self.parts[1]) > len(self.parts[0]):
             slots = np.searchsorted(self.parts[0], self.parts[1], side="right")
             self.parts[0] = np.insert(self.parts[0], slots, self.parts[1])
-            self.tags[0] = np.insert(self.tags[0], slots, self.tags[1])
-            self.parts[1], self.tags[1] = self.parts[1][:0], self.tags[1][:0]
+            self.parts[1] = self.parts[1][:0]
+            if self.tags is not None:
+                self.tags[0] = np.insert(self.tags[0], slots, self.tags[1])
+                self.tags[1] = self.tags[1][:0]
 
     def __len__(self) -> int:
         return len(self.parts[0]) + len(self.parts[1])
@@ -198,6 +204,8 @@ class SortedBag:
 
     def tags_above(self, x: float) -> np.ndarray:
         """The tags of the numbers above ``x`` (NaNs left out), in order of the tags."""
+        if self.tags is None:
+            raise TypeError("an untagged SortedBag keeps no tags")
         out = []
         for p, t in zip(self.parts, self.tags):
             k = int(np.searchsorted(p, x, side="right"))
@@ -247,7 +255,7 @@ class ValueFacts:
         self.stop = 0
         self.finite = 0
         self.max_abs = 0.0
-        self.positive = SortedBag()
+        self.positive = SortedBag(tagged=False)
 
     def extend(self, tail: np.ndarray, last: Any) -> None:
         v = tail[np.isfinite(tail)]
@@ -255,7 +263,7 @@ class ValueFacts:
         if len(v):
             self.max_abs = max(self.max_abs, float(np.max(np.abs(v))))
             p = v[v > 0]
-            self.positive.add(p, np.zeros(len(p), np.int64))
+            self.positive.add(p)
         self.stop += len(tail)
 
 

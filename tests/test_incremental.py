@@ -120,3 +120,16 @@ def test_a_sorted_bag_answers_as_the_sorted_whole_of_what_was_added(batches: lis
     finite = np.sort(whole[~np.isnan(whole)])
     for k in range(len(finite)):
         assert incremental.kth_of_sorted(bag.parts, k) == finite[k]
+
+
+@given(batches=st.lists(st.lists(st.integers(-20, 60), min_size=1, max_size=40), min_size=1, max_size=30))
+def test_an_untagged_sorted_bag_keeps_the_same_numbers_as_a_tagged_one(batches: list[list[int]]) -> None:
+    tagged, untagged = incremental.SortedBag(), incremental.SortedBag(tagged=False)
+    for batch in batches:
+        values = np.array(batch, np.float64)
+        tagged.add(values, np.arange(len(values)))
+        untagged.add(values)
+    assert [p.tolist() for p in untagged.parts] == [p.tolist() for p in tagged.parts]
+    assert untagged.tags is None
+    with pytest.raises(TypeError):
+        untagged.tags_above(0)
