@@ -116,9 +116,12 @@ def tick_run(page, index: int) -> None:
 
 
 def run_chart(page, name: str):
-    """The run chart once it is drawn for ``name``."""
-    page.wait_for_function("(name) => [...document.querySelectorAll('.st-key-run_chart .gtitle')]"
-                           ".some(t => t.textContent.startsWith(name + ':'))", arg=name, timeout=WAIT_MS)
+    """The run chart once it is drawn for ``name`` and is the only chart in its place: while a script run
+    is on (or just over, on a busy machine) Streamlit may still show the previous run's chart beside the
+    new one. Times out when a second chart stays."""
+    page.wait_for_function("(name) => { const plots = document.querySelectorAll('.st-key-run_chart .js-plotly-plot');"
+                           " const title = plots.length === 1 && plots[0].querySelector('.gtitle');"
+                           " return !!title && title.textContent.startsWith(name + ':'); }", arg=name, timeout=WAIT_MS)
     settled(page)
     return page.locator(".st-key-run_chart .js-plotly-plot")
 
