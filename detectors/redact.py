@@ -109,6 +109,17 @@ def env_secrets() -> list[str]:
     return values + ([basic_auth(user, password)] if user and password else [])
 
 
+def env_secrets_digest() -> str:
+    """A digest of ``env_secrets`` (never the values): text made safe under one environment is shown as
+    it is only while this stays the same (the scan memo's pre-rendered report)."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16, person=b"klwatch-env")
+    for v in sorted(env_secrets()):
+        h.update(v.encode("utf-8", "surrogatepass") + b"\0")
+    return h.hexdigest()
+
+
 def without_userinfo(url: str) -> str:
     """``url`` with the userinfo of every URL in it removed, the rest as given: for a link people must
     still be able to follow (a dashboard URL), where ``redact_url`` would mask its query too."""

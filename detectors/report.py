@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .redact import redact_spec, redactor
+from .redact import env_secrets_digest, redact_spec, redactor
 
 if TYPE_CHECKING:
     from xml.etree.ElementTree import Element
@@ -277,10 +277,17 @@ def json_chunks(result: ScanResult) -> Iterator[str]:
         return
     assert head.endswith(_NO_LINEAGES)  # "lineages" is the report's last key
     yield head[:-len(_NO_LINEAGES)] + "[\n    "
-    for k, r in enumerate(result.results):
-        text = json_text(json_safe(clean_strings(lineage_dict(r), clean))).replace("\n", "\n    ")
+    shown = result.lineage_texts() if isinstance(result, ScanView) else None  # as the memo's scan rendered them
+    texts = shown if shown is not None else (lineage_json(r, clean) for r in result.results)
+    for k, text in enumerate(texts):
         yield f",\n    {text}" if k else text
     yield "\n  ]\n}"
+
+
+def lineage_json(r: LineageResult, clean: Callable[[str], str]) -> str:
+    """One training run's text in the JSON report (indented to sit in its ``lineages`` list), its
+    strings made safe by ``clean``."""
+    return json_text(json_safe(clean_strings(lineage_dict(r), clean))).replace("\n", "\n    ")
 
 
 _NO_LINEAGES = "[]\n}"
@@ -514,7 +521,7 @@ def _junit_case(suite: Element, r: LineageResult, finding_lines: list[str]) -> l
 # ------------------------------------------------------------------ a scan as its reports need it
 
 
-VIEW_FORMAT = 2
+VIEW_FORMAT = 3
 """Bumped when what ``scan_view`` keeps changes (klwatch's code version keys the memo as well)."""
 
 
@@ -522,7 +529,8 @@ def scan_view(result: ScanResult) -> dict[str, Any]:
     """What every report of ``klwatch scan`` reads from a scan, as plain data (JSON): its sources,
     every training run's verdicts, findings, members and their extents, what could not be read, and
     the result's derived facts (a reset, an error, nothing read), as computed by the model. Nothing is
-    redacted, escaped or dated here: that is done when it is shown, as for a fresh result.
+    redacted, escaped or dated here: that is done when it is shown, as for a fresh result; but for the
+    JSON report's runs, also kept as rendered, for as long as the environment's secrets stay the same.
     ``ScanView.from_data`` gives it back as an object every renderer here takes like a ScanResult,
     with no numpy or model class to load: the scan cache's memo of a whole scan (``klwatch.scan_cache``)."""
 
@@ -547,12 +555,17 @@ def scan_view(result: ScanResult) -> dict[str, Any]:
                               "metrics": list(f.metrics)} for f in r.findings],
                 "error": r.error, "incomplete": list(r.incomplete)}
 
+    clean = secret_free(result)
     return {"format": VIEW_FORMAT,
             "sources": [{"spec": s.spec, "kinds": list(s.kinds), "errors": [e.message for e in s.errors],
                          "warnings": list(s.warnings), "unmatched": s.unmatched} for s in result.sources],
             "results": [run(r) for r in result.results],
             "any_reset": result.any_reset, "any_error": result.any_error, "nothing_read": result.nothing_read,
-            "unreadable": list(result.unreadable), "unmatched": list(result.unmatched)}
+            "unreadable": list(result.unreadable), "unmatched": list(result.unmatched),
+            # the JSON report's runs as rendered now: a re-scan prints them as they are (rendering 1,000
+            # runs' JSON costs more than the rest of a memo's re-scan) while the environment's secrets,
+            # which they are masked against, stay the same (their digest; a spec's are in the memo's key)
+            "lineages_json": {"env": env_secrets_digest(), "texts": [lineage_json(r, clean) for r in result.results]}}
 
 
 def view_json(view: dict[str, Any]) -> str | None:
@@ -603,4 +616,10 @@ class ScanView(_Record):
                            errors=[_Record(message=m) for m in s["errors"]]) for s in data["sources"]]
         return cls(sources=sources, results=[run(r) for r in data["results"]], any_reset=data["any_reset"],
                    any_error=data["any_error"], nothing_read=data["nothing_read"], unreadable=data["unreadable"],
-                   unmatched=data["unmatched"], generated_at=generated_at)
+                   unmatched=data["unmatched"], generated_at=generated_at, _rendered=data["lineages_json"])
+
+    def lineage_texts(self) -> list[str] | None:
+        """The JSON report's runs as the kept scan rendered them, while the environment's secrets are
+        still those they were masked against (else None: rendered anew from the view)."""
+        rendered = self.__dict__["_rendered"]
+        return rendered["texts"] if rendered["env"] == env_secrets_digest() else None

@@ -639,7 +639,7 @@ def fleet_state(specs: Sequence[str], *, deadline: float) -> str | None:
             except OSError:
                 return None
             h.update(_text("source", spec, os.path.realpath(root)))
-            _feed_entry(h, "", root, lst)
+            _feed_entry(h, "", str(root), lst)
             if stat.S_ISDIR(st.st_mode):
                 _feed_tree(h, root, deadline)
     except _TooLong:
@@ -668,14 +668,15 @@ def _feed_tree(h: Any, root: Path, deadline: float) -> None:
             except OSError as exc:
                 h.update(_text("unstatable", name, exc.errno))
                 continue
-            _feed_entry(h, name, Path(e.path), st)
+            _feed_entry(h, name, e.path, st)
             if stat.S_ISDIR(st.st_mode) and e.name not in SKIP_DIRS:  # discovery never looks inside those
                 subdirs.append((name, e.path))
         stack.extend(reversed(subdirs))
 
 
-def _feed_entry(h: Any, name: str, path: Path, st: os.stat_result) -> None:
-    """One file, folder or symlink (``st`` its lstat) of a fleet's state."""
+def _feed_entry(h: Any, name: str, path: str, st: os.stat_result) -> None:
+    """One file, folder or symlink (``st`` its lstat) of a fleet's state (``path`` as text: a fleet has
+    thousands, and a Path made for each was a tenth of a memo's re-scan)."""
     h.update(_text("entry", name, *_stat_fields(st)))
     if stat.S_ISLNK(st.st_mode):
         try:
@@ -685,7 +686,7 @@ def _feed_entry(h: Any, name: str, path: Path, st: os.stat_result) -> None:
             h.update(_text("dangling", exc.errno))
             return
         h.update(_text("target", *_stat_fields(st)))
-    if stat.S_ISREG(st.st_mode) and is_input_name(path.name):
+    if stat.S_ISREG(st.st_mode) and is_input_name(os.path.basename(path)):
         h.update(_text("ends", _head_and_tail(path)))
 
 
@@ -693,7 +694,7 @@ def _stat_fields(st: os.stat_result) -> tuple[int, ...]:
     return st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
 
 
-def _head_and_tail(path: Path) -> str:
+def _head_and_tail(path: str) -> str:
     """A hash of a regular file's first and last ``HASH_WINDOW`` bytes, or why they cannot be read
     (opened without blocking, and only when still a regular file: a FIFO swapped in is never read)."""
     try:

@@ -95,6 +95,27 @@ def test_a_scan_view_renders_every_output_as_the_scan_does(sub: str, damaged: Pa
     assert name not in _outputs(view)["json"]
 
 
+def test_a_scan_view_prints_the_json_runs_it_kept_until_the_environments_secrets_change(monkeypatch) -> None:
+    """A memo's re-scan prints each run's JSON as the scan rendered it (no run is rendered again), but
+    only under the secrets it was masked against: a new credential in the environment renders anew."""
+    import klwatch.report as report
+    from klwatch.pipeline import ScanConfig, scan
+
+    result = scan([str(SAMPLES / "tensorboard")], config=ScanConfig())
+    fresh = report.to_json(result)
+    view = report.ScanView.from_data(json.loads(report.view_json(report.scan_view(result))),
+                                     generated_at=result.generated_at)
+
+    def rendered_again(r):
+        raise AssertionError("a kept run was rendered again")
+
+    monkeypatch.setattr(report, "lineage_dict", rendered_again)
+    assert report.to_json(view) == fresh
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    with pytest.raises(AssertionError, match="rendered again"):
+        report.to_json(view)
+
+
 def test_a_rescan_from_the_memo_gives_what_a_fresh_scan_gives(tmp_path: Path, damaged: Path) -> None:
     """As a user runs it: ``--no-cache``, a first scan (fills the memo) and a second (served by it) give
     the same report in every format, the same JUnit file, warnings and exit code."""
