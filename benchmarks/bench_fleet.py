@@ -16,7 +16,7 @@ one tag per event. Every figure is measured in this run, on these files:
   verdict; best of two); and, for comparison, the scan with ``--jobs 1`` (no process pool);
 - cache: ``klwatch scan`` with an empty cache folder (cold: reads and fills it), again with the
   fleet unchanged (warm), and after 1% of the event files grew by 5% (each read on from where the
-  cache stopped);
+  cache stopped); each process as an installed klwatch runs, its bytecode compiled (by the first);
 - watch: one ``klwatch watch`` poll (``watch.watch_pass``: its read cache, ``findings=False``, a state
   file) after 1,000 new steps were appended to a run of 10,000 steps, to a run of 1,000,000 steps (and
   to one resumed at step 500,000, its boundary judged again at every poll), and to each of ``--runs``
@@ -25,8 +25,8 @@ one tag per event. Every figure is measured in this run, on these files:
   moves each run into growth buffers and its statistics are kept from then on: ``klwatch.incremental``).
   ``KLWATCH_BENCH_DIR`` puts the files elsewhere than the temporary folder.
 
-Ratios are printed with their targets (scan >= 5x tbparse and <= 3x the bare loop; warm >= 20x
-cold; a poll after 1,000 new steps on a 1M-step run <= 50 ms, about what it costs on a 10k-step one; 100
+Ratios are printed with their targets (scan >= 5x tbparse and <= 3x the bare loop; warm >= 50x
+cold, as a process; a poll after 1,000 new steps on a 1M-step run <= 50 ms, about what it costs on a 10k-step one; 100
 such runs <= 5 s a poll). Not a test.
 
 ``--only verdicts`` (never part of the default run) measures the verdicts instead of the speed: a
@@ -167,7 +167,7 @@ def bench_cache(*, runs: int, steps: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "fleet"
         paths = write_fleet(root, runs=runs, steps=steps, batched=True)
-        env = {**os.environ, "KLWATCH_CACHE_DIR": f"{tmp}/cache"}
+        env = _installed_env(KLWATCH_CACHE_DIR=f"{tmp}/cache", PYTHONPYCACHEPREFIX=f"{tmp}/pycache")
         print(f"\ncache: {runs} runs x {steps:,} steps, {len(paths)} event files", flush=True)
         nocache = klwatch_scan(root, "--no-cache", env=env)
         cold = klwatch_scan(root, env=env)
@@ -180,7 +180,7 @@ def bench_cache(*, runs: int, steps: int) -> None:
         print("  klwatch scan as a process (wall time, interpreter and imports included):")
         print(f"    no cache                     {nocache:8.2f} s")
         print(f"    cold (empty cache, fills it) {cold:8.2f} s")
-        print(f"    warm (fleet unchanged)       {warm:8.2f} s   cold / warm: {cold / warm:.1f}x (target >= 20x), "
+        print(f"    warm (fleet unchanged)       {warm:8.2f} s   cold / warm: {cold / warm:.1f}x (target >= 50x), "
               f"no cache / warm: {nocache / warm:.1f}x")
         print(f"    after {len(grown)} of {len(paths)} files grew  {after:8.2f} s   no cache / that: {nocache / after:.1f}x")
     with tempfile.TemporaryDirectory() as tmp:  # the same, as the library does it, in one process
@@ -188,6 +188,14 @@ def bench_cache(*, runs: int, steps: int) -> None:
         paths = write_fleet(root, runs=runs, steps=steps, batched=True)
         print("  the library in one process (pipeline.scan and the ScanCache; imports done before timing):")
         subprocess.run([sys.executable, __file__, "--in-process-cache", str(root), str(steps)], check=True)
+
+
+def _installed_env(**extra: str) -> dict[str, str]:
+    """The environment of a process run as a user runs an installed klwatch: its modules compiled once
+    (pip compiles an install's bytecode; here the first process writes it, under ``PYTHONPYCACHEPREFIX``,
+    outside the tree), whatever ``PYTHONDONTWRITEBYTECODE`` this shell sets."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, **extra}
 
 
 def in_process_cache(root: Path, steps: int) -> None:
@@ -221,7 +229,7 @@ def in_process_cache(root: Path, steps: int) -> None:
         after, _ = timed(cached_scan)
     print(f"    no cache                     {nocache:8.3f} s")
     print(f"    cold (empty cache, fills it) {cold:8.3f} s")
-    print(f"    warm (fleet unchanged)       {warm:8.3f} s   cold / warm: {cold / warm:.1f}x (target >= 20x), "
+    print(f"    warm (fleet unchanged)       {warm:8.3f} s   cold / warm: {cold / warm:.1f}x (as a process: target >= 50x), "
           f"no cache / warm: {nocache / warm:.1f}x")
     print(f"    after 2 files grew           {after:8.3f} s   no cache / that: {nocache / after:.1f}x "
           "(only the grown files read, from where the cache stopped; only their runs judged again)")
