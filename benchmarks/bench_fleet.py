@@ -20,7 +20,7 @@ one tag per event. Every figure is measured in this run, on these files:
 - watch: one ``klwatch watch`` poll (``watch.watch_pass``: its read cache, ``findings=False``, a state
   file) after 1,000 new steps were appended to a run of 10,000 steps, to a run of 1,000,000 steps (and
   to one resumed at step 500,000, its boundary judged again at every poll), and to each of ``--runs``
-  runs of 1,000,000 steps (as many as half the available memory and the free disk hold: fewer are
+  runs of 1,000,000 steps (as many as 85% of the available memory and the free disk hold: fewer are
   measured, and said, when 100 do not fit), after two warm-up polls (the first growth
   moves each run into growth buffers and its statistics are kept from then on: ``klwatch.incremental``).
   ``KLWATCH_BENCH_DIR`` puts the files elsewhere than the temporary folder.
@@ -373,9 +373,10 @@ def bench_watch(*, runs: int) -> None:
 
 def _watch_fleet(base: Path, tmp: Path, *, runs: int, per_run: int) -> None:
     """One poll over ``runs`` runs of 1M steps, each grown by 1,000 steps; fewer runs when this machine's
-    memory (half of what is available) or disk would not hold them, and then said so."""
+    memory or disk would not hold them, and then said so. Memory: 85% of what is available, less room for
+    one run's first whole read (its parse's peak, ``per_run`` again), at 1.15x what one watched run held."""
     available, free = _available(), shutil.disk_usage(tmp).free
-    fits_memory = int(0.5 * available / (per_run * 1.5))  # the first whole read needs room beside the held runs
+    fits_memory = int((0.85 * available - 2 * per_run) / (per_run * 1.15))
     fits_disk = int(0.8 * free / (base.stat().st_size * 1.05))
     n = max(1, min(runs, fits_memory, fits_disk))
     root = tmp / "fleet" / "runs"
@@ -385,10 +386,13 @@ def _watch_fleet(base: Path, tmp: Path, *, runs: int, per_run: int) -> None:
         files.append(root / f"run{r:03d}" / "events.out.tfevents.1700000000.host.1.0")
         shutil.copyfile(base, files[-1])
     took = _median_poll(_Watcher(root, files, BIG_RUN), polls=3)
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     print(f"  one poll over {n} runs of 1,000,000 steps: {took:.2f} s ({took / n * 1e3:.1f} ms a run; target: "
-          f"100 runs <= 5 s)")
+          f"100 runs <= 5 s); this process's peak RSS {peak / 2**30:.1f} GiB")
     if n < runs:
-        limit = (f"half the available memory ({available / 2**30:.1f} GiB) holds {fits_memory} at "
+        limit = (f"85% of the available memory ({available / 2**30:.1f} GiB) holds {fits_memory} at "
                  f"{per_run / 2**20:.0f} MiB a watched run" if fits_memory <= fits_disk else
                  f"the free disk ({free / 2**30:.1f} GiB) holds {fits_disk} files of {base.stat().st_size / 2**20:.0f} MiB")
         print(f"  ({runs} runs not measured: {limit}; {runs} runs at the cost a run measured here would take "
