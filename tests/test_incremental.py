@@ -78,6 +78,15 @@ def test_the_later_piece_of_a_grown_series_and_its_earlier_pieces_are_summed_up_
         assert logging_interval([earlier, later]) == logging_interval([earlier, _plain(later)])
 
 
+def test_series_grown_in_mapped_buffers_are_judged_exactly_as_copies_of_them(monkeypatch) -> None:
+    """Large growth buffers are memory maps (``model.MAPPED_ROOM``): facts are kept for them as for any."""
+    from klwatch import model
+
+    monkeypatch.setattr(model, "MAPPED_ROOM", 0)  # every buffer mapped, however small
+    test_a_grown_series_is_judged_exactly_as_a_copy_of_it()
+    test_the_later_piece_of_a_grown_series_and_its_earlier_pieces_are_summed_up_exactly()
+
+
 def test_facts_are_kept_only_for_growth_buffers_and_only_forward() -> None:
     plain = Series(np.arange(5), np.ones(5))
     assert incremental.step_facts(plain.steps) is None  # a plain scan's arrays: judged whole

@@ -4,7 +4,9 @@ once, what a scan could not read."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from klwatch import model
 from klwatch.model import (Lineage, LineageResult, ScanResult, Segment, Series, SourceError, SourceRead, cadence_of,
                            extent_of, logging_interval)
 
@@ -50,7 +52,10 @@ def test_what_a_scan_could_not_read_lists_sources_then_named_runs():
     assert result.any_error and not result.any_reset
 
 
-def test_extended_series_grow_in_place_without_changing_any_earlier_series() -> None:
+@pytest.mark.parametrize("mapped_from", [None, 0])  # 0: every growth buffer mapped memory of its own
+def test_extended_series_grow_in_place_without_changing_any_earlier_series(mapped_from, monkeypatch) -> None:
+    if mapped_from is not None:
+        monkeypatch.setattr(model, "MAPPED_ROOM", mapped_from)
     a = Series(np.arange(3), np.arange(3) * 1.0, np.arange(3) * 10.0)
     b = a.extended(Series(np.array([3, 4]), np.array([3.0, 4.0]), np.array([30.0, 40.0])))
     c = b.extended(Series(np.array([5]), np.array([5.0]), np.array([50.0])))
@@ -62,6 +67,18 @@ def test_extended_series_grow_in_place_without_changing_any_earlier_series() -> 
     np.testing.assert_array_equal(b.values, [0, 1, 2, 3, 4])
     np.testing.assert_array_equal(c.wall_times, [0, 10, 20, 30, 40, 50])
     np.testing.assert_array_equal(a.steps, [0, 1, 2])
+
+
+def test_a_large_growth_buffer_is_a_memory_map_whose_spare_room_is_not_written() -> None:
+    """Past ``MAPPED_ROOM`` a series grows in an anonymous map of its own: pages untouched take no memory
+    whatever the heap holds (a watcher of 1M-step runs held a third more without it)."""
+    n = model.MAPPED_ROOM // 8
+    big = Series(np.arange(n), np.ones(n)).extended(Series(np.array([n]), np.ones(1)))
+    buffer = big.steps.base
+    assert not buffer.flags.owndata and isinstance(buffer.base, memoryview)  # numpy's view of the map
+    small = Series(np.arange(3), np.ones(3)).extended(Series(np.array([3]), np.ones(1)))
+    assert small.steps.base.flags.owndata  # small ones from numpy's allocator
+    np.testing.assert_array_equal(big.steps[-2:], [n - 1, n])
 
 
 def test_extended_series_pickle_without_their_spare_room() -> None:
