@@ -113,6 +113,7 @@ def watch_command(
     # thinned one costs a pass over every step of a grown run at each poll
     config = dataclasses.replace(options.config(findings=False), chart_points=None)
     state = _open_state(state_path, sinks)
+    return_large_frees()
     if not once:
         signal.signal(signal.SIGTERM, _stop)
         err.print(escape(printable(f"klwatch watch: {len(sources)} source(s) every {every:g}s; state {state_path}; "
@@ -126,6 +127,25 @@ def watch_command(
     finally:
         state.close()
     raise typer.Exit(code)
+
+
+MALLOC_MMAP_THRESHOLD = 128 * 1024
+
+
+def return_large_frees() -> bool:
+    """Have glibc give every allocation of ``MALLOC_MMAP_THRESHOLD`` bytes or more a memory map of its own,
+    so it goes back to the system once freed. glibc starts so but raises the threshold at the first such
+    free, after which a watched run's arrays come from the heap and, freed as the run grows into larger
+    buffers, stay in it: a watcher of 100 runs of 1M steps peaked 40% above what it holds. For the watcher's
+    own process (``klwatch watch``), never a training one. False where there is no glibc ``mallopt``."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(-3, MALLOC_MMAP_THRESHOLD))  # -3: M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
 
 
 def _ordinal(n: int) -> str:

@@ -8,6 +8,7 @@ import gc
 import io
 import json
 import os
+import platform
 import shutil
 import signal
 import sqlite3
@@ -566,3 +567,31 @@ def test_every_poll_of_a_growing_real_run_reports_what_a_whole_run_scan_of_its_f
         state.close()
     if read_on:
         assert incremental.kept() > before, "no statistic was kept between polls: nothing was judged incrementally"
+
+
+_FREED_AFTER_A_LARGE_FREE = """
+import sys
+import numpy as np
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+if sys.argv[1] == "watcher":
+    from klwatch.watch import return_large_frees
+    assert return_large_frees()
+a = np.ones((16 << 20) // 8); del a  # a large free: glibc would serve the next 8 MiB ones from its heap
+before = rss()
+arrays = [np.ones((8 << 20) // 8) for _ in range(20)]
+pinned = [np.ones(100) for _ in range(1000)]  # small ones allocated after: the heap cannot shrink past them
+del arrays
+print(round(rss() - before))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
+def test_the_watchers_process_gives_freed_arrays_back_to_the_system() -> None:
+    """A watched run's arrays are freed as it grows into larger buffers: in the watcher's process they go
+    back to the system (160 MiB of freed 8 MiB arrays kept by the heap otherwise, as glibc's default does)."""
+    kept = {mode: int(subprocess.run([sys.executable, "-c", _FREED_AFTER_A_LARGE_FREE, mode], capture_output=True,
+                                     text=True, check=True, timeout=120).stdout.split()[-1])
+            for mode in ("plain", "watcher")}
+    assert kept["watcher"] < 40 < kept["plain"], kept
