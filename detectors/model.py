@@ -133,7 +133,7 @@ def _room(n: int, dtype: Any) -> np.ndarray:
     """An uninitialised array of ``n`` items. A large one is an anonymous memory map, whose pages take memory
     only once written: a buffer's spare half costs nothing until the series grows into it. (From the heap,
     which a run's first whole read leaves large and free, it may be resident at once: a watcher of 1M-step
-    runs held ~205 MiB a run instead of ~155.) Views of it have it as their base, as with ``np.empty``."""
+    runs held ~205 MiB a run instead of ~140.) Views of it have it as their base, as with ``np.empty``."""
     size = n * np.dtype(dtype).itemsize
     if size < MAPPED_ROOM:
         return np.empty(n, dtype)

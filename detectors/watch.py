@@ -129,15 +129,18 @@ def watch_command(
     raise typer.Exit(code)
 
 
-MALLOC_MMAP_THRESHOLD = 128 * 1024
+MALLOC_MMAP_THRESHOLD = 4 << 20
+"""Arrays of 4 MiB (512k points) or more: those a long run's series are made of. Smaller ones stay in the
+heap, reused at once: a poll judging a resume makes many of 1-4 MiB (twice as slow, each mapped afresh)."""
 
 
 def return_large_frees() -> bool:
     """Have glibc give every allocation of ``MALLOC_MMAP_THRESHOLD`` bytes or more a memory map of its own,
-    so it goes back to the system once freed. glibc starts so but raises the threshold at the first such
+    so it goes back to the system once freed. glibc raises its own threshold (to 32 MiB) at the first large
     free, after which a watched run's arrays come from the heap and, freed as the run grows into larger
-    buffers, stay in it: a watcher of 100 runs of 1M steps peaked 40% above what it holds. For the watcher's
-    own process (``klwatch watch``), never a training one. False where there is no glibc ``mallopt``."""
+    buffers, stay in it: a watcher of 1M-step runs peaked at twice what it holds at its first growth. For
+    the watcher's own process (``klwatch watch``), never a training one. False where there is no glibc
+    ``mallopt``."""
     import ctypes
     import ctypes.util
 

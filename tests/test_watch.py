@@ -578,7 +578,7 @@ def rss():
 if sys.argv[1] == "watcher":
     from klwatch.watch import return_large_frees
     assert return_large_frees()
-a = np.ones((16 << 20) // 8); del a  # a large free: glibc would serve the next 8 MiB ones from its heap
+a = np.ones((24 << 20) // 8); del a  # a large free: glibc would serve the next 8 MiB ones from its heap
 before = rss()
 arrays = [np.ones((8 << 20) // 8) for _ in range(20)]
 pinned = [np.ones(100) for _ in range(1000)]  # small ones allocated after: the heap cannot shrink past them
