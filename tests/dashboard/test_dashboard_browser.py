@@ -13,7 +13,7 @@ import re
 import shutil
 from pathlib import Path
 
-from chromium import ARGS, CHROMIUM, WAIT_MS, fleet_rows, needs_chromium, settled, tick_run, url_showing
+from chromium import ARGS, CHROMIUM, WAIT_MS, fleet_rows, needs_chromium, run_chart, settled, tick_run, url_showing
 from dashboard_runs import write_fleet
 from dashboard_server import REPO, running_dashboard
 
@@ -32,16 +32,9 @@ _settled = settled
 
 
 def _open_run(page, name: str) -> list[str]:
-    """Wait until the run view shows ``name`` and plotly has drawn its chart; its boundary labels."""
+    """Wait until the run view shows ``name`` and plotly has drawn its chart, alone; its boundary labels."""
     page.locator(".st-key-run_view h2", has_text=name).wait_for(timeout=WAIT_MS)
-    # the chart is updated in place: wait for its title to name this run, then for the run that drew it to
-    # be over (a busy browser may still show the previous draw's elements beside it), then read its labels
-    page.wait_for_function("(name) => [...document.querySelectorAll('.st-key-run_chart .gtitle')]"
-                           ".some(t => t.textContent.startsWith(name + ':'))", arg=name, timeout=WAIT_MS)
-    _settled(page)
-    page.wait_for_function("() => document.querySelectorAll('.st-key-run_chart .js-plotly-plot').length === 1",
-                           timeout=WAIT_MS)
-    chart = page.locator(".st-key-run_chart .js-plotly-plot")
+    chart = run_chart(page, name)
     texts = [t.strip() for t in chart.locator("g.annotation text").all_text_contents()]
     return [t for t in texts if MARKER.fullmatch(t)]
 
