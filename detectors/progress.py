@@ -150,3 +150,20 @@ def retraced_points(opening: Series, after: Series, *, lr: Series | None, reset_
     if not len(ours) or not seen[int(np.argmax(ours > 0))] or not np.any(seen):
         return 0
     return int(np.sum(seen)) if bool(np.all(np.abs(np.log(ours[seen] / theirs[seen])) <= band)) else 0
+
+
+def opening_on_regrowth(opening: Series, after: Series, *, lr: Series | None, reset_step: int, band: float) -> int:
+    """The converse of ``retraced_points``: how many of the ``opening``'s windows lie on the curve of ``after`` at the
+    same progress (since step 0 for the opening, since ``reset_step`` for ``after``; within ``band`` in log space),
+    counting the windows that curve reaches; 0 when any compared window is off it. A regrowth faster than the
+    opening (a reset late in a warm-up, when the opening is only two windows long) soon runs past the progress the
+    opening reached, so its later windows cannot be read on the opening; the opening's windows can be read on it."""
+    before = opening.take(opening.steps < after.steps[0])
+    theirs = _on_opening(window_progress(lr, after.steps, since=reset_step), after.values,
+                         window_progress(lr, before.steps, since=0))
+    ours = before.values
+    seen = np.isfinite(theirs) & (ours > 0)
+    if not np.any(seen):
+        return 0
+    return int(np.sum(seen)) if bool(np.all(np.abs(np.log(ours[seen] / theirs[seen])) <= band)) else 0
+

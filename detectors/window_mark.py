@@ -8,13 +8,17 @@ is gone, but the first window falls back to the opening's band, far below where 
 the next windows climb again (``../shared/FRAMEWORKS.md``: "With sparse logging the first logged point is
 a mean over the steps since the last log: small, not 0").
 
-Three readings, any one enough:
+Four readings, any one enough:
 
 - a *deep fall*: the first window lies far under where the KL had grown (a third of it at most) and the
   next climbs without returning to it at once;
 - a *retrace*: the first windows after the checkpoint repeat the run's own first windows, one for one,
   within the run's noise, while the KL before the resume had clearly left them. This is the mark of a
   resume so early that the regrowth reaches the old level within a window or two;
+- *at the floor*: the first window is at the estimator's value for a policy equal to its reference (0), where
+  the KL had left it: a mean is there only when each of its steps is, so the window held just the first step
+  after a checkpoint one step before it (a checkpoint between two logs); the next windows retrace the opening
+  from there;
 - *re-logged*: a launch that crashed after its checkpoint logged on past it, and the resumed launch re-logs
   those steps far under the values logged there the first time (a correct resume re-logs them about where
   they were: the same checkpoint, the same data).
@@ -36,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .model import Series, logging_interval
-from .progress import retraced_points
+from .progress import opening_on_regrowth, retraced_points
 from .stats import diff_noise, theil_sen_slope
 
 LAUNCH_EVIDENCE = ("new_tracker_run", "new_event_file", "step_rewind", "duplicate_steps", "runtime_reset",
@@ -84,6 +88,12 @@ class WindowMarkConfig:
     drop_sigmas: float = 4.0
     regrowth_points: int = 2
     """Windows after the first that must not fall below it (a penalty switched off stays at 0)."""
+    floor_fraction: float = 1e-3
+    """A first window at the estimator's floor (policy equal to reference): under this share of the level (float
+    noise of a bf16 forward; a regrowth's first full window is far above it) ..."""
+    floor_absolute: float = 1e-9
+    """... and of this (an exact 0 in float arithmetic). Only a window of the one step after the checkpoint can
+    be there: a mean is at the floor only when each of its steps is."""
 
 
 @dataclass(frozen=True)
@@ -100,8 +110,15 @@ class WindowMark:
     """How many first windows repeated the run's own (0: read otherwise)."""
     relogged: int = 0
     """How many first windows lay far under the same steps as the launch before logged them (0: not read so)."""
+    floored: bool = False
+    """The first window was at the estimator's floor: it held only the step after the checkpoint."""
 
     def describe(self, quantity: str) -> str:
+        if self.floored:
+            return (f"{quantity} was {self.value:.3g} at step {self.first_step}, the first step after the checkpoint "
+                    f"of step {self.reset_step} (its logging window held that step alone), down from {self.level:.3g}: "
+                    "the value a policy equal to its reference gives, and the next window(s) regrow along the run's "
+                    "own opening")
         how = (f"and the next {self.retraced - 1} window(s) repeat the run's own first ones" if self.retraced else
                f"far under what the launch before logged at the same {self.relogged} steps before it crashed"
                if self.relogged else "and it climbs again from there")
@@ -153,20 +170,37 @@ def _deep_fall(level: float, recent: np.ndarray, origin: float, post: np.ndarray
             and first < float(np.min(recent)) and first < nxt < ceiling)
 
 
+def _floored(post: Series, *, level: float, config: WindowMarkConfig) -> bool:
+    """Whether the first window after the checkpoint is at the estimator's floor, where a policy equal to its
+    reference puts it: then it held only the first step after a checkpoint one step before it."""
+    return abs(float(post.values[0])) <= max(config.floor_absolute, config.floor_fraction * level)
+
+
 def _retraced(start: Series, post: Series, *, level: float, sigma: float | None, lr: Series | None,
-              resets: Sequence[int], config: WindowMarkConfig) -> int:
+              resets: Sequence[int], config: WindowMarkConfig) -> tuple[int, int]:
     """How many first windows after the checkpoint repeat the run's own opening at the same progress (the same
-    offsets when the learning rate is not logged or constant), 0 when they do not: a reference taken at the
-    checkpoint makes the KL climb the opening's curve again, at the pace the learning rate sets."""
+    offsets when the learning rate is not logged or constant), 0 when they do not, and the checkpoint's step they
+    retrace from: a reference taken at the checkpoint makes the KL climb the opening's curve again, at the pace
+    the learning rate sets. A first window at the floor is the strongest mark: it dates the checkpoint (the step
+    before it), and one more window on the curve from there does."""
     m = min(config.retrace_points, len(post))
+    band = max(float(np.log(config.retrace_band)), config.retrace_sigmas * (sigma or 0.0))
+    first_step = int(post.steps[0])
+    if m >= 2 and _floored(post, level=level, config=config):
+        seen = retraced_points(start, post.take(slice(0, m)), lr=lr, reset_step=first_step - 1, band=band)
+        if seen >= 1:
+            return 1 + seen, first_step - 1
     if sigma is None or m < 2 or not 0 < float(post.values[0]) < config.retrace_fraction * level:
-        return 0  # the first window is part of the retrace: a first window at or under 0 is not on the curve
-    band = max(float(np.log(config.retrace_band)), config.retrace_sigmas * sigma)
+        return 0, resets[-1]  # a first window under 0, or not clearly down, is not on the curve
     for r in resets:
         seen = retraced_points(start, post.take(slice(0, m)), lr=lr, reset_step=r, band=band)
         if seen >= 2:
-            return seen
-    return 0
+            return seen, r
+        # only the first window is within the opening's reach (a regrowth faster than it): the opening's own
+        # windows must then lie on the regrowth's curve, all of them it reaches, two at least
+        if seen == 1 and opening_on_regrowth(start, post.take(slice(0, m)), lr=lr, reset_step=r, band=band) >= 2:
+            return 2, r
+    return 0, resets[-1]
 
 
 def _under_relogged(pre: Series, post: Series, *, sigma: float | None, short: float, config: WindowMarkConfig) -> int:
@@ -218,7 +252,8 @@ def window_mark(before: Series, after: Series, *, reset_step: int | None, openin
     if not relogged and sigma is not None and first > 0 and \
             float(np.log(level / first)) < config.drop_sigmas * sigma * short:
         return None  # a fall within the run's own noise
-    retraced = _retraced(start, post, level=level, sigma=sigma, lr=lr, resets=resets, config=config)
+    retraced, at = _retraced(start, post, level=level, sigma=sigma, lr=lr, resets=resets, config=config)
     if not relogged and not retraced and not _deep_fall(level, recent, origin, post.values, sigma, config):
         return None
-    return WindowMark(first, level, origin, resets[-1], int(post.steps[0]), cadence, retraced, relogged)
+    floored = bool(retraced) and at == int(post.steps[0]) - 1 and _floored(post, level=level, config=config)
+    return WindowMark(first, level, origin, at, int(post.steps[0]), cadence, retraced, relogged, floored)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from klwatch.model import Lineage, Series
-from klwatch.progress import retraced_points, run_lr, window_progress
+from klwatch.progress import opening_on_regrowth, retraced_points, run_lr, window_progress
 
 
 def test_without_a_learning_rate_progress_counts_the_updates_before_each_logged_step():
@@ -104,3 +104,18 @@ def test_a_continuation_does_not_retrace_the_opening():
     opening = Series(ends, kl(window_progress(lr, ends, since=0)))
     after = Series(np.array([50, 60]), kl(window_progress(lr, np.array([50, 60]), since=0)))
     assert retraced_points(opening, after, lr=lr, reset_step=40, band=float(np.log(1.5))) == 0
+
+
+def test_a_regrowth_faster_than_a_two_window_opening_carries_the_opening_on_its_curve():
+    # a warm-up of 15 steps, the reset at 20: the regrowth's second window is past the opening's reach
+    lr, _ = _warm_up_run(warm=15, last=60)
+    kl = lambda p: (p / 1e-4) ** 1.5  # noqa: E731
+    opening = Series(np.array([10, 20]), kl(window_progress(lr, np.array([10, 20]), since=0)))
+    post_ends = np.array([30, 40, 50])
+    after = Series(post_ends, kl(window_progress(lr, post_ends, since=20)))
+    band = float(np.log(1.2))
+    assert retraced_points(opening, after, lr=lr, reset_step=20, band=band) == 1
+    assert opening_on_regrowth(opening, after, lr=lr, reset_step=20, band=band) == 2
+    healthy = Series(post_ends, kl(window_progress(lr, post_ends, since=0)))
+    assert opening_on_regrowth(opening, healthy, lr=lr, reset_step=20, band=float(np.log(1.5))) == 0
+

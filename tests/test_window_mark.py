@@ -64,6 +64,16 @@ def test_an_early_buggy_resume_at_n_step_logging_is_a_reset_and_a_healthy_one_is
 
 
 @pytest.mark.parametrize("seed", range(6))
+def test_a_reset_after_a_two_window_warm_up_opening_is_read_on_the_regrowths_curve(seed):
+    # the warm-up ends inside the opening's second window: the regrowth runs at the full rate and passes the
+    # progress the two-window opening reached within one window, so the opening's windows are read on it instead
+    kw = dict(resume=20, seed=seed, warm=12)
+    assert _status(window_run(buggy=True, **kw)) == "reference_reset"
+    assert _status(window_run(buggy=False, **kw)) != "reference_reset"
+    assert _status(window_run(buggy=False, dip=0.67, **kw)) != "reference_reset"
+
+
+@pytest.mark.parametrize("seed", range(6))
 def test_a_healthy_resume_that_dips_by_a_third_is_not_a_reset(seed):
     assert _status(window_run(resume=40, buggy=False, seed=seed, dip=0.67)) != "reference_reset"
 
@@ -121,6 +131,21 @@ def test_a_run_logged_every_step_is_left_to_the_snapshot_mark():
     before = Series(np.arange(1, 9), np.array([0.0, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.012]))
     after = Series(np.arange(9, 12), np.array([0.0, 0.001, 0.002]))
     assert window_mark(before, after, reset_step=8, opening=before, evidence=["new_event_file"]) is None
+
+
+def test_a_first_window_at_zero_held_only_the_step_after_a_checkpoint_between_two_logs():
+    # checkpoint at 49, logging every 10: the resumed launch's first log (step 50) averages step 50 alone
+    before = _series(10, OPENING)
+    after = Series(np.array([50, 60, 70, 80]), np.array([0.0, 0.0012, 0.0043, 0.0088]))
+    mark = window_mark(before, after, reset_step=None, opening=before, evidence=["new_event_file"])
+    assert mark is not None and mark.floored and mark.reset_step == 49
+    assert "was 0 at step 50, the first step after the checkpoint of step 49" in mark.describe("KL")
+
+
+def test_a_first_window_at_zero_then_back_at_the_level_at_once_is_not_the_mark():
+    before = _series(10, OPENING)
+    after = Series(np.array([50, 60, 70, 80]), np.array([0.0, 0.016, 0.018, 0.019]))
+    assert window_mark(before, after, reset_step=None, opening=before, evidence=["new_event_file"]) is None
 
 
 def test_a_first_window_under_zero_is_not_a_retrace_of_the_opening():
