@@ -266,6 +266,14 @@ def _reset_candidates(boundary: Boundary, pre: Series, post: Series, reset_step:
     return sorted({int(round(x)) for x in np.linspace(lo, hi, n)})
 
 
+def _guessed_checkpoint(boundary: Boundary, post: Series, cadence: int) -> bool:
+    """Whether the boundary's resumed-from step is only the pipeline's guess, the step before the first logged
+    after the resume (no checkpoint folder names it), where the run logs every L > 1 steps: a launch resumed from
+    checkpoint N logs N + 1 first only when it logs every step."""
+    return cadence > 1 and boundary.resumed_from_step is not None and "checkpoint" not in boundary.evidence \
+        and int(boundary.resumed_from_step) == int(post.steps[0]) - 1 and int(boundary.resumed_from_step) > 0
+
+
 def _candidate_weights(candidates: list[int], config: ReferenceResetConfig) -> dict[int, float]:
     """Prior weight of each reset step: trainers save at ``save_steps``, usually a multiple of
     ``logging_steps``, so the last logged step before the resume is the likeliest."""
@@ -634,6 +642,15 @@ def judge_boundary(
         return verdict(v, score, why)
     if score <= config.ok_score:
         v, why = _low_score_verdict(w, n, op, sh, ceiling, at, config)
+        lo = int(w.pre.steps[-1])
+        if v == "ok" and reset_step is None and _guessed_checkpoint(boundary, w.post, op.cadence) and judge_boundary(
+                boundary, before, after, start=start, scale=scale, config=config, cadence=cadence, reset_step=lo,
+                opening_max_step=opening_max_step).verdict != "ok":
+            return verdict("inconclusive", score, (
+                f"{why[:-1]}, if the run resumed from step {boundary.resumed_from_step}, the step before the first "
+                f"logged after it; but no checkpoint folder names that step, and logged every {op.cadence} steps a "
+                f"resumed launch first logs at the next multiple: from a checkpoint at step {lo}, the last logged "
+                "before, a reset is not ruled out."))
         return verdict(v, score, why)
     assert w.kl_before is not None and w.kl_after is not None
     return verdict("inconclusive", score,

@@ -290,3 +290,22 @@ def test_property_a_healthy_averaged_resume_is_never_a_reset(case):
 def test_property_a_reset_under_averaged_logging_is_never_called_ok(case):
     run, seed = case
     assert all(v != "ok" for _, v, _ in verdicts(_with(run, buggy=True), seed))
+
+
+# the crashed launch logged on to step 55 past its checkpoint at 45; the resumed one, its reference rebuilt there,
+# first logs at step 50 (the mean of steps 46-50), every 5 steps; an HF warm-up over the first 24 steps
+CRASHED_PAST = [0.00115, 0.00434, 0.00847, 0.01196, 0.01338, 0.01861, 0.01864, 0.02872, 0.02432, 0.0278, 0.03093]
+RESUMED_RESET = [0.00732, 0.01141, 0.01466, 0.02512, 0.01683, 0.02051, 0.02842, 0.02697]
+
+
+def test_a_resumed_from_step_guessed_under_n_step_logging_never_makes_an_early_reset_ok():
+    # the boundary's resumed-from step is the pipeline's guess, the step before the first logged after (49): true
+    # only for a run logged every step. Taken as the reset step, a regrowth could reach 1 step of progress by step
+    # 50 and the first point read as the opening carried on; the checkpoint may be anywhere from 45 to 49.
+    before = Series(5 * np.arange(1, 12), np.array(CRASHED_PAST))
+    after = Series(50 + 5 * np.arange(8), np.array(RESUMED_RESET))
+    b = Boundary(50, 49, ["new_event_file", "step_rewind", "duplicate_steps", "time_gap"], 1)
+    v = judge_boundary(b, before, after, start=before, scale=0.07)
+    assert v.verdict != "ok", v.explanation
+    named = Boundary(50, 49, ["new_event_file", "checkpoint"], 1)  # a checkpoint folder at 49 names it: trusted
+    assert judge_boundary(named, before, after, start=before, scale=0.07).verdict == "ok"
