@@ -166,4 +166,3 @@ def opening_on_regrowth(opening: Series, after: Series, *, lr: Series | None, re
     if not np.any(seen):
         return 0
     return int(np.sum(seen)) if bool(np.all(np.abs(np.log(ours[seen] / theirs[seen])) <= band)) else 0
-

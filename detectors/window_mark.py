@@ -14,7 +14,8 @@ Four readings, any one enough:
   next climbs without returning to it at once;
 - a *retrace*: the first windows after the checkpoint repeat the run's own first windows, one for one,
   within the run's noise, while the KL before the resume had clearly left them. This is the mark of a
-  resume so early that the regrowth reaches the old level within a window or two;
+  resume so early that the regrowth reaches the old level within a window or two. Read from the checkpoint
+  the logs name, else from the last log before the resume or a step between it and the first after;
 - *at the floor*: the first window is at the estimator's value for a policy equal to its reference (0), where
   the KL had left it: a mean is there only when each of its steps is, so the window held just the first step
   after a checkpoint one step before it (a checkpoint between two logs); the next windows retrace the opening
@@ -88,6 +89,10 @@ class WindowMarkConfig:
     drop_sigmas: float = 4.0
     regrowth_points: int = 2
     """Windows after the first that must not fall below it (a penalty switched off stays at 0)."""
+    between_points: int = 3
+    """Checkpoints weighed from the last log before the resume to the step before the first after it, where no
+    checkpoint folder names one (a ``save_steps`` that is not a multiple of ``logging_steps``), as the KL statistic
+    weighs them."""
     floor_fraction: float = 1e-3
     """A first window at the estimator's floor (policy equal to reference): under this share of the level (float
     noise of a bf16 forward; a regrowth's first full window is far above it) ..."""
@@ -203,6 +208,17 @@ def _retraced(start: Series, post: Series, *, level: float, sigma: float | None,
     return 0, resets[-1]
 
 
+def _between(last: int, first: int, *, fall: float, sigma: float | None, cadence: int,
+             config: WindowMarkConfig) -> list[int]:
+    """Checkpoints after the last log before the resume and before the first after it that the retrace may
+    start from when no checkpoint folder names one: those from which the first window, cut short to the steps
+    after them (noisier by sqrt(L / k)), still fell by ``drop_sigmas`` of the run's noise."""
+    if sigma is None or first - 1 <= last:
+        return []
+    steps = {int(round(x)) for x in np.linspace(last, first - 1, config.between_points)} - {last}
+    return [r for r in sorted(steps) if fall >= config.drop_sigmas * sigma * float(np.sqrt(cadence / (first - r)))]
+
+
 def _under_relogged(pre: Series, post: Series, *, sigma: float | None, short: float, config: WindowMarkConfig) -> int:
     """How many first windows after the resume lie far under what the launch before logged at the very same steps
     (it ran on past its checkpoint before it crashed, and the resumed launch re-logs those steps): a correct resume
@@ -244,6 +260,8 @@ def window_mark(before: Series, after: Series, *, reset_step: int | None, openin
     if origin < 0 or np.any(recent <= config.left_factor * origin) or not np.all(rest >= first):
         return None  # the KL had not left its opening band, or stays down after the resume (a penalty off)
     sigma = _noise(kept, post, config)
+    if sigma is None:
+        return None  # the run's noise is not measured (too few points, or a series crossing 0): no fall is told from it
     resets = [int(kept.steps[-1])] + ([int(reset_step)] if reset_step is not None
                                       and int(kept.steps[-1]) < reset_step < int(post.steps[0]) else [])
     # a first window cut short by a checkpoint between two logs averages fewer steps: noisier by sqrt(L / k)
@@ -252,7 +270,11 @@ def window_mark(before: Series, after: Series, *, reset_step: int | None, openin
     if not relogged and sigma is not None and first > 0 and \
             float(np.log(level / first)) < config.drop_sigmas * sigma * short:
         return None  # a fall within the run's own noise
-    retraced, at = _retraced(start, post, level=level, sigma=sigma, lr=lr, resets=resets, config=config)
+    fall = float(np.log(level / first)) if first > 0 else float("inf")
+    between = [] if reset_step is not None else _between(int(kept.steps[-1]), int(post.steps[0]), fall=fall,
+                                                         sigma=sigma, cadence=cadence, config=config)
+    retraced, at = _retraced(start, post, level=level, sigma=sigma, lr=lr, resets=resets + between, config=config)
+    at = at if retraced else resets[-1]
     if not relogged and not retraced and not _deep_fall(level, recent, origin, post.values, sigma, config):
         return None
     floored = bool(retraced) and at == int(post.steps[0]) - 1 and _floored(post, level=level, config=config)

@@ -9,7 +9,8 @@ import pytest
 
 from klwatch.model import Boundary, Lineage, Series
 from klwatch.reference_reset import ReferenceResetDetector
-from klwatch.window_mark import window_mark
+from klwatch.progress import window_progress
+from klwatch.window_mark import WindowMarkConfig, window_mark
 
 LR_MAX = 1e-5
 
@@ -136,7 +137,8 @@ def test_a_run_logged_every_step_is_left_to_the_snapshot_mark():
 def test_a_first_window_at_zero_held_only_the_step_after_a_checkpoint_between_two_logs():
     # checkpoint at 49, logging every 10: the resumed launch's first log (step 50) averages step 50 alone
     before = _series(10, OPENING)
-    after = Series(np.array([50, 60, 70, 80]), np.array([0.0, 0.0012, 0.0043, 0.0088]))
+    after = Series(np.arange(50, 150, 10), np.array([0.0, 0.0012, 0.0043, 0.0088, 0.0152, 0.023, 0.031, 0.038,
+                                                     0.044, 0.049]))
     mark = window_mark(before, after, reset_step=None, opening=before, evidence=["new_event_file"])
     assert mark is not None and mark.floored and mark.reset_step == 49
     assert "was 0 at step 50, the first step after the checkpoint of step 49" in mark.describe("KL")
@@ -146,6 +148,22 @@ def test_a_first_window_at_zero_then_back_at_the_level_at_once_is_not_the_mark()
     before = _series(10, OPENING)
     after = Series(np.array([50, 60, 70, 80]), np.array([0.0, 0.016, 0.018, 0.019]))
     assert window_mark(before, after, reset_step=None, opening=before, evidence=["new_event_file"]) is None
+
+
+def test_a_checkpoint_between_two_logs_is_weighed_where_no_checkpoint_folder_names_it():
+    # save_steps not a multiple of logging_steps: the reference rebuilt at step 34, the first log (40) averages
+    # steps 35-40 of its regrowth; read from the last log (30) the windows are off the opening, from 34 on it
+    kl = lambda p: 0.02 * (1 - np.exp(-p / 6.0)) ** 1.5  # noqa: E731
+    ends, post_ends = np.array([10, 20, 30]), np.arange(40, 130, 10)
+    wiggle = np.array([1, 1, 1, 1.06, 0.95, 1.04, 0.96, 1.05, 0.97])
+    opening = Series(ends, kl(window_progress(None, ends, since=0)))
+    after = Series(post_ends, kl(window_progress(None, post_ends, since=34)) * wiggle)
+    kw = dict(reset_step=None, opening=opening, evidence=["new_event_file"])
+    mark = window_mark(opening, after, **kw)
+    assert mark is not None and mark.retraced == 3 and mark.reset_step == 34
+    assert window_mark(opening, after, **kw, config=WindowMarkConfig(between_points=1)) is None  # the last log only
+    healthy = Series(post_ends, kl(window_progress(None, post_ends, since=0)) * wiggle)
+    assert window_mark(opening, healthy, **kw) is None
 
 
 def test_a_first_window_under_zero_is_not_a_retrace_of_the_opening():
