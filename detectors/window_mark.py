@@ -164,6 +164,14 @@ def _noise(pre: Series, post: Series, config: WindowMarkConfig) -> float | None:
     return None
 
 
+def _crosses_zero(pre: Series, post: Series, config: WindowMarkConfig) -> bool:
+    """Whether the windows the run's noise is read from (before the resume, and after its regrowth) reach 0 or
+    under: a noisy DPO margin around 0, whose step-to-step noise cannot be measured in log space and is as large
+    as its level, so a low first window is one more draw of it."""
+    after = post.values[1 + config.regrowth_points:1 + config.regrowth_points + config.noise_window]
+    return bool(np.any(pre.values[-config.noise_window:] <= 0) or np.any(after <= 0))
+
+
 def _deep_fall(level: float, recent: np.ndarray, origin: float, post: np.ndarray, sigma: float | None,
                config: WindowMarkConfig) -> bool:
     """The first window far under the level, the next climbing but still clearly under it: two windows of
@@ -260,8 +268,8 @@ def window_mark(before: Series, after: Series, *, reset_step: int | None, openin
     if origin < 0 or np.any(recent <= config.left_factor * origin) or not np.all(rest >= first):
         return None  # the KL had not left its opening band, or stays down after the resume (a penalty off)
     sigma = _noise(kept, post, config)
-    if sigma is None:
-        return None  # the run's noise is not measured (too few points, or a series crossing 0): no fall is told from it
+    if _crosses_zero(kept, post, config):
+        return None  # windows at or under 0 around the resume: the noise is as large as the level, no fall is told
     resets = [int(kept.steps[-1])] + ([int(reset_step)] if reset_step is not None
                                       and int(kept.steps[-1]) < reset_step < int(post.steps[0]) else [])
     # a first window cut short by a checkpoint between two logs averages fewer steps: noisier by sqrt(L / k)

@@ -166,6 +166,13 @@ def test_a_checkpoint_between_two_logs_is_weighed_where_no_checkpoint_folder_nam
     assert window_mark(opening, healthy, **kw) is None
 
 
+def test_a_margin_whose_windows_cross_zero_around_the_resume_never_earns_the_mark():
+    # a noisy DPO margin: windows at or under 0 before and after, so its noise is as large as its level
+    before = _series(10, [0.001, 0.02, 0.04, -0.01, 0.06, 0.03, 0.07, 0.045, 0.05])
+    after = _series(100, [0.0022, 0.03, 0.05, 0.02, -0.005, 0.06, 0.04, 0.07])
+    assert window_mark(before, after, reset_step=None, opening=before, evidence=["new_event_file"]) is None
+
+
 def test_a_first_window_under_zero_is_not_a_retrace_of_the_opening():
     mark = _mark([-0.0011, 0.0042, 0.0085, 0.016, 0.025, 0.035, 0.044, 0.05, 0.053])
     assert mark is None or mark.retraced == 0
