@@ -147,7 +147,14 @@ def retraced_points(opening: Series, after: Series, *, lr: Series | None, reset_
                          window_progress(lr, after.steps, since=reset_step))
     ours = after.values
     seen = np.isfinite(theirs) & (ours > 0)
-    if not len(ours) or not seen[int(np.argmax(ours > 0))] or not np.any(seen):
+    if not len(ours) or not seen[int(np.argmax(ours > 0))]:
+        return 0
+    return _on_curve(ours, theirs, seen, band)
+
+
+def _on_curve(ours: np.ndarray, theirs: np.ndarray, seen: np.ndarray, band: float) -> int:
+    """How many ``seen`` points lie within ``band`` (log space) of the curve's values there; 0 when any is off it."""
+    if not np.any(seen):
         return 0
     return int(np.sum(seen)) if bool(np.all(np.abs(np.log(ours[seen] / theirs[seen])) <= band)) else 0
 
@@ -162,7 +169,4 @@ def opening_on_regrowth(opening: Series, after: Series, *, lr: Series | None, re
     theirs = _on_opening(window_progress(lr, after.steps, since=reset_step), after.values,
                          window_progress(lr, before.steps, since=0))
     ours = before.values
-    seen = np.isfinite(theirs) & (ours > 0)
-    if not np.any(seen):
-        return 0
-    return int(np.sum(seen)) if bool(np.all(np.abs(np.log(ours[seen] / theirs[seen])) <= band)) else 0
+    return _on_curve(ours, theirs, np.isfinite(theirs) & (ours > 0), band)

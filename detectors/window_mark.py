@@ -190,10 +190,10 @@ def _floored(post: Series, *, level: float, config: WindowMarkConfig) -> bool:
 
 
 def _retraced(start: Series, post: Series, *, level: float, sigma: float | None, lr: Series | None,
-              resets: Sequence[int], config: WindowMarkConfig) -> tuple[int, int]:
+              resets: Sequence[int], config: WindowMarkConfig) -> tuple[int, int] | None:
     """How many first windows after the checkpoint repeat the run's own opening at the same progress (the same
-    offsets when the learning rate is not logged or constant), 0 when they do not, and the checkpoint's step they
-    retrace from: a reference taken at the checkpoint makes the KL climb the opening's curve again, at the pace
+    offsets when the learning rate is not logged or constant) and the checkpoint's step they retrace from, None
+    when they do not: a reference taken at the checkpoint makes the KL climb the opening's curve again, at the pace
     the learning rate sets. A first window at the floor is the strongest mark: it dates the checkpoint (the step
     before it), and one more window on the curve from there does."""
     m = min(config.retrace_points, len(post))
@@ -204,7 +204,7 @@ def _retraced(start: Series, post: Series, *, level: float, sigma: float | None,
         if seen >= 1:
             return 1 + seen, first_step - 1
     if sigma is None or m < 2 or not 0 < float(post.values[0]) < config.retrace_fraction * level:
-        return 0, resets[-1]  # a first window under 0, or not clearly down, is not on the curve
+        return None  # a first window under 0, or not clearly down, is not on the curve
     for r in resets:
         seen = retraced_points(start, post.take(slice(0, m)), lr=lr, reset_step=r, band=band)
         if seen >= 2:
@@ -213,7 +213,7 @@ def _retraced(start: Series, post: Series, *, level: float, sigma: float | None,
         # windows must then lie on the regrowth's curve, all of them it reaches, two at least
         if seen == 1 and opening_on_regrowth(start, post.take(slice(0, m)), lr=lr, reset_step=r, band=band) >= 2:
             return 2, r
-    return 0, resets[-1]
+    return None
 
 
 def _between(last: int, first: int, *, fall: float, sigma: float | None, cadence: int,
@@ -275,14 +275,13 @@ def window_mark(before: Series, after: Series, *, reset_step: int | None, openin
     # a first window cut short by a checkpoint between two logs averages fewer steps: noisier by sqrt(L / k)
     short = float(np.sqrt(cadence / max(1, min(cadence, int(post.steps[0]) - resets[-1]))))
     relogged = _under_relogged(pre, post, sigma=sigma, short=short, config=config)
-    if not relogged and sigma is not None and first > 0 and \
-            float(np.log(level / first)) < config.drop_sigmas * sigma * short:
-        return None  # a fall within the run's own noise
     fall = float(np.log(level / first)) if first > 0 else float("inf")
+    if not relogged and sigma is not None and fall < config.drop_sigmas * sigma * short:
+        return None  # a fall within the run's own noise
     between = [] if reset_step is not None else _between(int(kept.steps[-1]), int(post.steps[0]), fall=fall,
                                                          sigma=sigma, cadence=cadence, config=config)
-    retraced, at = _retraced(start, post, level=level, sigma=sigma, lr=lr, resets=resets + between, config=config)
-    at = at if retraced else resets[-1]
+    found = _retraced(start, post, level=level, sigma=sigma, lr=lr, resets=resets + between, config=config)
+    retraced, at = found or (0, resets[-1])
     if not relogged and not retraced and not _deep_fall(level, recent, origin, post.values, sigma, config):
         return None
     floored = bool(retraced) and at == int(post.steps[0]) - 1 and _floored(post, level=level, config=config)
