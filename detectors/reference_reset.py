@@ -207,10 +207,12 @@ def _opening_curve(start: Series) -> tuple[np.ndarray, np.ndarray, float]:
     return steps, vals, first
 
 
-def _curves(level: float, start: Series | None, cadence: int, config: ReferenceResetConfig) -> list[Curve]:
+def _curves(level: float, start: Series | None, cadence: int, config: ReferenceResetConfig, *,
+            paced: bool = False) -> list[Curve]:
     """H1's regrowth curves g(k), k steps after the reset: the run's opening at several speeds (as
     logged, and less its first value for a run whose reference differs from the initial policy), and
-    ramps that have (or have not yet) grown one step's worth at k = 1."""
+    ramps that have (or have not yet) grown one step's worth at k = 1; ``paced``: only the ramps no faster
+    than the fastest opening speed allows, where the run's opening shows how long it took to reach ``level``."""
     curves: list[Curve] = []
     if start is not None and len(start) >= 3:
         s_off, s_val, first = _opening_curve(start)
@@ -223,10 +225,26 @@ def _curves(level: float, start: Series | None, cadence: int, config: ReferenceR
                     curves.append(lambda k, b=base, sp=speed, o=origin:
                                   np.interp(o + np.maximum(k - 1.0, 0.0) * sp, s_off, b))
     ramps = sorted(set(config.ramp_steps) | {c * cadence for c in config.ramp_cadences})
+    reach = _opening_reach(start, level, cadence) if paced and start is not None and len(start) >= 3 else None
+    if reach is not None:  # a regrowth at most max(opening_speeds) times the opening's own pace
+        ramps = [r for r in ramps if r * max(config.opening_speeds) >= reach]
     for ramp in ramps:
         curves.append(lambda k, R=ramp: level * np.clip((k - 1.0) / R, 0.0, 1.0))
         curves.append(lambda k, R=ramp: level * np.clip(k / R, 0.0, 1.0))
     return curves
+
+
+def _opening_reach(start: Series, level: float, cadence: int) -> float | None:
+    """Steps the run's opening took to first reach ``level`` (None when it never did in the logs, or when ``start``
+    is not the run's first window: a piece regrowing after an earlier reset starts its steps at that reset, not 0):
+    the pace a regrowth from zero retraces. Frameworks restart the same optimisation from a reference equal to the
+    policy, and the implicit rewards or KL regrow like the opening (``FRAMEWORKS.md``), faster only by a schedule
+    that ran slower there (warm-up), which ``opening_speeds`` bounds."""
+    if int(start.steps[0]) > max(1, cadence):
+        return None
+    steps, vals, _ = _opening_curve(start)
+    above = np.flatnonzero(vals >= level)
+    return float(steps[above[0]]) if len(above) else None
 
 
 def _zero_update_step(start: Series, cadence: int) -> float | None:
@@ -459,7 +477,8 @@ def _h0_loglik(n: _Noise, conts: list[np.ndarray], config: ReferenceResetConfig)
     return float(logsumexp([lw + float(np.sum(t)) for lw, t in terms]))
 
 
-def _h1_loglik(w: _Windows, n: _Noise, op: _Opening, config: ReferenceResetConfig) -> tuple[float, dict[int, np.ndarray]]:
+def _h1_loglik(w: _Windows, n: _Noise, op: _Opening, config: ReferenceResetConfig, *,
+               paced: bool = False) -> tuple[float, dict[int, np.ndarray]]:
     """H1, a regrowth from zero at the reset step, point-sampled or window-averaged; and the ceiling,
     the highest any template reaches at each post point.
 
@@ -475,7 +494,7 @@ def _h1_loglik(w: _Windows, n: _Noise, op: _Opening, config: ReferenceResetConfi
     from scipy.special import logsumexp  # not at import: the CLI starts without scipy
 
     assert w.kl_before is not None
-    curves = _curves(w.kl_before, op.start, op.cadence, config)
+    curves = _curves(w.kl_before, op.start, op.cadence, config, paced=paced)
     early_opening = op.in_opening and op.start is not None and len(op.start) >= 3
     preds = {r: [[floored_log(obs, n.eps) for obs in _observed(g, w.post.steps, r, op.cadence)] for g in curves]
              for r in n.candidates}
@@ -563,6 +582,16 @@ def _reset_verdict(w: _Windows, sh: _Shape, at: str, config: ReferenceResetConfi
         "resumed weights. Load the reference from the base model, not the checkpoint.")
 
 
+def _too_fast(w: _Windows, op: _Opening, at: str) -> str:
+    """Why a drop that only a regrowth faster than the run's own opening explains is no reset: a rebuilt reference
+    restarts the same optimisation, and the KL (or implicit rewards) regrow like the opening did."""
+    assert w.kl_before is not None and w.kl_after is not None and op.start is not None
+    reach = _opening_reach(op.start, w.kl_before, op.cadence)
+    return (f"KL fell from {w.kl_before:.3g} to {w.kl_after:.3g} at the resume {at}, but only a regrowth far faster than "
+            f"the run's own opening (which took {reach:.0f} steps to reach {w.kl_before:.3g}) would explain the points "
+            "after it as a reset: a healthy dip is as likely. Too little to call it either way.")
+
+
 def _low_score_verdict(w: _Windows, n: _Noise, op: _Opening, sh: _Shape, ceiling: dict[int, np.ndarray], at: str,
                        config: ReferenceResetConfig) -> tuple[Verdict, str]:
     """A score at or under ``ok_score``: ``ok`` needs a continuation. Judged only because they are the
@@ -630,7 +659,8 @@ def judge_boundary(
     conts = _continuations(w, n, scale, config) if op.in_opening else []
     ll1, ceiling = _h1_loglik(w, n, op, config)
     prior_logit = float(np.log(config.prior / (1.0 - config.prior)))
-    score = float(expit(ll1 - _h0_loglik(n, conts, config) + prior_logit))
+    ll0 = _h0_loglik(n, conts, config)
+    score = float(expit(ll1 - ll0 + prior_logit))
     sh = _shape(w, n, conts, op.cadence, scale, config)
     if sh.early and conts and op.start is not None and _indistinct(w, n, op, conts[0], config):
         return verdict("inconclusive", score,
@@ -638,6 +668,9 @@ def judge_boundary(
                        f"the opening and restarting it predict about the same first point ({w.kl_after:.3g}), so a "
                        "reset cannot be told from a continuation this early.")
     if score >= config.reset_score:
+        paced = float(expit(_h1_loglik(w, n, op, config, paced=True)[0] - ll0 + prior_logit))
+        if paced < config.reset_score:
+            return verdict("inconclusive", paced, _too_fast(w, op, at))
         v, why = _reset_verdict(w, sh, at, config)
         return verdict(v, score, why)
     if score <= config.ok_score:
