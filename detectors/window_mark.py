@@ -232,8 +232,8 @@ def _under_relogged(pre: Series, post: Series, *, sigma: float | None, short: fl
     (it ran on past its checkpoint before it crashed, and the resumed launch re-logs those steps): a correct resume
     re-logs them about where they were, a rebuilt reference from ~0. The first under ``relogged_fraction`` of its
     twin by ``drop_sigmas`` of the run's noise, each under its twin and all of them, as a geometric mean, under
-    ``relogged_fraction`` (the regrowth closes in on the crashed launch's values window by window); 0 when fewer than
-    two pairs say so."""
+    ``relogged_fraction`` (the regrowth closes in on the crashed launch's values window by window), and the windows
+    after the first clearly under theirs too; 0 when fewer than two pairs say so."""
     crashed = {int(s): float(v) for s, v in zip(pre.steps, pre.values) if s >= post.steps[0]}
     m = min(config.retrace_points, len(post))
     pairs = np.array([(float(v), crashed[int(s)]) for s, v in zip(post.steps[:m], post.values[:m])
@@ -242,7 +242,13 @@ def _under_relogged(pre: Series, post: Series, *, sigma: float | None, short: fl
             pairs[0, 0] >= config.relogged_fraction * pairs[0, 1] or \
             float(np.mean(np.log(pairs[:, 0] / pairs[:, 1]))) >= float(np.log(config.relogged_fraction)):
         return 0
-    return len(pairs) if float(np.log(pairs[0][1] / pairs[0][0])) >= config.drop_sigmas * sigma * short else 0
+    if float(np.log(pairs[0][1] / pairs[0][0])) < config.drop_sigmas * sigma * short:
+        return 0
+    # two windows of evidence, as for a deep fall: the later pairs, together, under their twins by more than the
+    # noise of a mean of differences of two points (sigma * sqrt(2 / n)), so a dip with one low first window
+    # (its window cut short by a checkpoint no folder names, noisier than its twin) never reads as a regrowth
+    later = np.log(pairs[1:, 0] / pairs[1:, 1])
+    return len(pairs) if float(np.mean(later)) <= -config.next_sigmas * sigma * float(np.sqrt(2.0 / len(later))) else 0
 
 
 def window_mark(before: Series, after: Series, *, reset_step: int | None, opening: Series | None,

@@ -219,3 +219,26 @@ def test_re_logged_steps_about_where_the_crashed_launch_had_them_are_not_the_mar
     before = _series(10, [0.001, 0.0031, 0.0056, 0.0077, 0.0113, 0.0150, 0.0169, 0.0191, 0.0238, 0.0258, 0.028])
     after = _series(80, [0.0110, 0.0160, 0.0200, 0.0230, 0.0250, 0.0270, 0.0285, 0.0295, 0.0300, 0.0310])  # a dip
     assert window_mark(before, after, reset_step=None, opening=before, evidence=["step_rewind"]) is None
+
+
+# a healthy DPO margin logged every 10 steps whose launch crashed at 700 past a checkpoint at 673 (between two logs,
+# no folder names it); the resumed launch dipped 30% at first, so its first window (674-680, cut short) fell far
+# under its twin, while the next ones re-log about what the crashed launch had
+NOISY_CRASHED = [0.0048, 0.0101, 0.0244, 0.0264, 0.0627, 0.0459, 0.0252, 0.0142, 0.042, 0.0514, 0.0321, 0.0255, 0.0271,
+                 0.043, 0.0609, 0.0761, 0.0354, 0.036, 0.0445, 0.0839, 0.0447, 0.0091, 0.0366, 0.1184, 0.0389, 0.0478,
+                 0.0694, 0.0872, 0.0187, 0.064, 0.0875, 0.1364, 0.0398, 0.0715, 0.0755, 0.0742, 0.0784, 0.0425, 0.0967,
+                 0.053, 0.065, 0.159, 0.1059, 0.0882, 0.1337, 0.1333, 0.0998, 0.0802, 0.0242, 0.1387, 0.1056, 0.0611,
+                 0.0789, 0.0823, 0.1485, 0.0515, 0.0583, 0.0693, 0.166, 0.0853, 0.1978, 0.1081, 0.1383, 0.1403, 0.0373,
+                 0.2183, 0.1845, 0.1558, 0.1771, 0.1346]
+DIPPED_RELOG = [0.0217, 0.1284, 0.1003, 0.144, 0.1518, 0.1139, 0.183, 0.1007, 0.1242]
+
+
+def test_one_low_re_logged_window_and_the_next_at_their_twins_is_no_relogged_mark():
+    # two windows of evidence, as for a deep fall: the windows after the first must lie clearly under theirs too
+    before, after = _series(10, NOISY_CRASHED), _series(680, DIPPED_RELOG)
+    mark = window_mark(before, after, reset_step=None, opening=before, evidence=["step_rewind", "duplicate_steps"])
+    assert mark is None or mark.relogged == 0
+    # the same first window with the next ones as far under their twins as a regrowth leaves them is the mark
+    regrowth = _series(680, [0.0217, 0.045, 0.06, 0.08, 0.1, 0.12, 0.13, 0.14, 0.15])
+    mark = window_mark(before, regrowth, reset_step=None, opening=before, evidence=["step_rewind", "duplicate_steps"])
+    assert mark is not None and mark.relogged == 3
