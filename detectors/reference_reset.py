@@ -126,7 +126,9 @@ class ReferenceResetConfig:
     """Speeds at which the run's opening may regrow; capped at 4x so no template explains a
     one-point dropout."""
     ramp_steps: tuple[float, ...] = (4.0, 8.0, 16.0, 32.0, 64.0)
-    """Ramps from zero reaching the old level after this many steps (plus 2L and 4L)."""
+    """Ramps from zero reaching the old level after this many steps (plus 2L and 4L). Where the run's opening is in
+    the logs, a ``reference_reset`` must also hold with only the ramps no faster than ``max(opening_speeds)`` times
+    the opening's pace to that level (a faster ramp stands for a shape, not for a regrowth no reset gives)."""
     ramp_cadences: tuple[float, ...] = (2.0, 4.0)
     """Extra ramps, in multiples of the logging cadence L."""
     max_reset_candidates: int = 3
