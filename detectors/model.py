@@ -257,6 +257,16 @@ def logging_interval(series: Iterable[Series | None]) -> int:
     return max(1, int(round(float(np.median(d))))) if len(d) else 1
 
 
+def steps_between(lo: int, hi: int, points: int) -> list[int]:
+    """Up to ``points`` steps spread evenly from ``lo`` to ``hi`` (both included; ``[lo]`` when ``hi <= lo``): where a
+    checkpoint may lie between the last log before a resume and the step before the first after it, when no
+    checkpoint folder names it (a ``save_steps`` that is not a multiple of ``logging_steps``)."""
+    if hi <= lo:
+        return [lo]
+    n = max(1, min(points, hi - lo + 1))
+    return sorted({int(round(x)) for x in np.linspace(lo, hi, n)})
+
+
 def _distinct_step_gaps(steps: np.ndarray) -> np.ndarray:
     """``np.diff(np.unique(steps))`` without a hash table: steps come sorted (or nearly), so a sort
     check and dropping repeats costs one pass (numpy's hash-based unique was most of a long run's

@@ -53,7 +53,7 @@ from .post_side import STARTS_PAST_FIRST_STEP, PostSideConfig, late_opening
 from .snapshot_mark import SnapshotMarkConfig, off_the_floor, snapshot_mark
 from .window_mark import WindowMarkConfig, window_mark
 from .model import (Boundary, BoundaryVerdict, Finding, Lineage, LineageResult, Series, Verdict, cadence_of,
-                    logging_interval, step_bounds)
+                    logging_interval, step_bounds, steps_between)
 from .stats import diff_noise, floored_log, t_logpdf, theil_sen_slope
 
 Curve = Callable[[np.ndarray], np.ndarray]
@@ -280,10 +280,7 @@ def _reset_candidates(boundary: Boundary, pre: Series, post: Series, reset_step:
     if boundary.resumed_from_step is not None:
         return [int(boundary.resumed_from_step)]
     lo, hi = int(pre.steps[-1]), int(post.steps[0]) - 1
-    if hi <= lo:
-        return [min(lo, int(post.steps[0]) - 1)]
-    n = max(1, min(config.max_reset_candidates, hi - lo + 1))
-    return sorted({int(round(x)) for x in np.linspace(lo, hi, n)})
+    return steps_between(min(lo, hi), hi, config.max_reset_candidates)
 
 
 def _guessed_checkpoint(boundary: Boundary, post: Series, cadence: int) -> bool:

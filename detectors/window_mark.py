@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .model import Series, logging_interval
+from .model import Series, logging_interval, steps_between
 from .progress import opening_on_regrowth, retraced_points
 from .stats import diff_noise, theil_sen_slope
 
@@ -154,22 +154,26 @@ def _reached(pre: Series, points: int) -> float:
     return float(np.exp(np.median(y - slope * x) + slope * x[-1]))
 
 
+def _noise_windows(pre: Series, post: Series, config: WindowMarkConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The points the run's noise is read from: the last before the resume, and those after its regrowth."""
+    start = 1 + config.regrowth_points
+    return pre.values[-config.noise_window:], post.values[start:start + config.noise_window]
+
+
 def _noise(pre: Series, post: Series, config: WindowMarkConfig) -> float | None:
     """The run's step-to-step noise in log space: from the points before the resume, else from the points
     after its regrowth (too few before to measure it), else None."""
-    for values in (pre.values[-config.noise_window:],
-                   post.values[1 + config.regrowth_points:1 + config.regrowth_points + config.noise_window]):
+    for values in _noise_windows(pre, post, config):
         if len(values) >= config.noise_points and np.all(values > 0):
             return diff_noise(np.log(values))
     return None
 
 
 def _crosses_zero(pre: Series, post: Series, config: WindowMarkConfig) -> bool:
-    """Whether the windows the run's noise is read from (before the resume, and after its regrowth) reach 0 or
-    under: a noisy DPO margin around 0, whose step-to-step noise cannot be measured in log space and is as large
-    as its level, so a low first window is one more draw of it."""
-    after = post.values[1 + config.regrowth_points:1 + config.regrowth_points + config.noise_window]
-    return bool(np.any(pre.values[-config.noise_window:] <= 0) or np.any(after <= 0))
+    """Whether the windows the run's noise is read from reach 0 or under: a noisy DPO margin around 0, whose
+    step-to-step noise cannot be measured in log space and is as large as its level, so a low first window is one
+    more draw of it."""
+    return any(bool(np.any(values <= 0)) for values in _noise_windows(pre, post, config))
 
 
 def _deep_fall(level: float, recent: np.ndarray, origin: float, post: np.ndarray, sigma: float | None,
@@ -221,10 +225,10 @@ def _between(last: int, first: int, *, fall: float, sigma: float | None, cadence
     """Checkpoints after the last log before the resume and before the first after it that the retrace may
     start from when no checkpoint folder names one: those from which the first window, cut short to the steps
     after them (noisier by sqrt(L / k)), still fell by ``drop_sigmas`` of the run's noise."""
-    if sigma is None or first - 1 <= last:
+    if sigma is None:
         return []
-    steps = {int(round(x)) for x in np.linspace(last, first - 1, config.between_points)} - {last}
-    return [r for r in sorted(steps) if fall >= config.drop_sigmas * sigma * float(np.sqrt(cadence / (first - r)))]
+    return [r for r in steps_between(last, first - 1, config.between_points)
+            if r != last and fall >= config.drop_sigmas * sigma * float(np.sqrt(cadence / (first - r)))]
 
 
 def _under_relogged(pre: Series, post: Series, *, sigma: float | None, short: float, config: WindowMarkConfig) -> int:

@@ -8,7 +8,7 @@ import pytest
 
 from klwatch import model
 from klwatch.model import (Lineage, LineageResult, ScanResult, Segment, Series, SourceError, SourceRead, cadence_of,
-                           extent_of, logging_interval)
+                           extent_of, logging_interval, steps_between)
 
 
 def _s(steps, values=None) -> Series:
@@ -89,3 +89,9 @@ def test_extended_series_pickle_without_their_spare_room() -> None:
     assert "_growth" not in back.__dict__
     np.testing.assert_array_equal(back.steps, [0, 1, 2])
     assert len(pickle.dumps(s)) < 2000
+
+
+def test_checkpoint_steps_between_two_logs_spread_over_the_gap_both_ends_included():
+    assert steps_between(40, 49, 3) == [40, 44, 49]  # round(44.5) -> 44: numpy rounds half to even
+    assert steps_between(40, 41, 3) == [40, 41]  # never more steps than the gap holds
+    assert steps_between(40, 40, 3) == [40] and steps_between(40, 39, 3) == [40]
